@@ -1,0 +1,127 @@
+"""The ``teibatch`` command: parse, call one library function, print."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+
+from teibatch import __version__
+from teibatch.errors import EXIT_INCOMPLETE, TeibatchError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _handle_errors(command: F) -> F:
+    """Turn a :class:`TeibatchError` into its exit code and a one-line message (a traceback with --debug)."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TeibatchError as exc:
+            if click.get_current_context().find_root().params.get("debug"):
+                raise
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="teibatch")
+@click.option("--debug", is_flag=True, envvar="TEIBATCH_DEBUG", help="Show tracebacks and debug logs.")
+def main(debug: bool) -> None:
+    """Embed a document corpus on Text Embeddings Inference servers, sharded with Ray, into Parquet.
+
+    \b
+    Examples:
+      teibatch run jobs/quickstart.yaml
+      teibatch run nightly.yaml --set output.path=s3://bucket/vectors
+      teibatch validate nightly.yaml
+      teibatch serve --port 8080
+    """
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+_set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override a job file key, e.g. --set corpus.shard_docs=500 (repeatable).")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@_set_option
+@click.option("--ray-address", envvar="RAY_ADDRESS", default=None,
+              help="Ray cluster to run on (default: RAY_ADDRESS, else a local Ray started for this run).")
+@click.option("--quiet", "-q", is_flag=True, envvar="TEIBATCH_QUIET",
+              help="Print only the summary and errors.")
+@click.option("--fail-on-rejects", is_flag=True, envvar="TEIBATCH_FAIL_ON_REJECTS",
+              help="Exit 1 when any document was rejected.")
+@_handle_errors
+def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quiet: bool,
+        fail_on_rejects: bool) -> None:
+    """Run the job in JOB_FILE; run the same command again to resume a run that stopped.
+
+    \b
+    Exit codes: 0 done · 1 not finished (the same command resumes) · 2 job file or options wrong.
+
+    \b
+    Examples:
+      teibatch run jobs/quickstart.yaml
+      teibatch run job.yaml --set servers.count=4 --set corpus.shard_docs=2000
+      RAY_ADDRESS=ray://head:10001 teibatch run job.yaml
+    """
+    from teibatch.job import load_job
+    from teibatch.pipeline import reporter_for, run_job
+
+    job = load_job(job_file, list(overrides))
+    reporter = reporter_for(sys.stderr, quiet=quiet)
+    summary = run_job(job, ray_address=ray_address, reporter=reporter)
+    report = summary.to_json()
+    docs = report["documents"]
+    reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
+    click.echo(f"done: {docs['embedded']:,} documents embedded, {docs['rejected']:,} rejected"
+               + (f" ({reasons})" if reasons else "")
+               + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
+               + f"; {report['timings'].get('total_s', 0):.1f}s"
+               + (f", {report['throughput_docs_per_s']:,.0f} docs/s" if report["throughput_docs_per_s"] else ""))
+    click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
+    if fail_on_rejects and docs["rejected"]:
+        click.secho(f"error: {docs['rejected']} documents were rejected (see {job.output.path}/rejects)",
+                    fg="red", err=True)
+        sys.exit(EXIT_INCOMPLETE)
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@_set_option
+@_handle_errors
+def validate(job_file: str, overrides: tuple[str, ...]) -> None:
+    """Check JOB_FILE and print it with every default filled in; launches nothing.
+
+    \b
+    Example:
+      teibatch validate jobs/quickstart.yaml --set servers.count=4
+    """
+    import yaml
+
+    from teibatch.job import load_job
+
+    job = load_job(job_file, list(overrides))
+    click.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
+    click.secho(f"{job_file}: valid", fg="green", err=True)
+
+
+def _register_serve() -> None:
+    from teibatch.server.cli import serve
+
+    main.add_command(serve)
+
+
+_register_serve()

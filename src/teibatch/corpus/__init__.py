@@ -1,0 +1,37 @@
+"""Read a corpus from any fsspec location, cut it into deterministic shards, hash document content."""
+
+from __future__ import annotations
+
+from teibatch.corpus.documents import keep_field_types
+from teibatch.corpus.hashing import content_hash
+from teibatch.corpus.listing import SourceFile, list_sources
+from teibatch.corpus.records import (
+    REJECT_DUPLICATE_ID,
+    REJECT_EMPTY_TEXT,
+    REJECT_MALFORMED,
+    REJECT_MISSING_TEXT,
+    REJECT_NON_STRING_TEXT,
+    CorpusOptions,
+    Document,
+    Reject,
+    Shard,
+)
+from teibatch.corpus.sharding import plan_shards, read_shard
+
+__all__ = [
+    "REJECT_DUPLICATE_ID",
+    "REJECT_EMPTY_TEXT",
+    "REJECT_MALFORMED",
+    "REJECT_MISSING_TEXT",
+    "REJECT_NON_STRING_TEXT",
+    "CorpusOptions",
+    "Document",
+    "Reject",
+    "Shard",
+    "SourceFile",
+    "content_hash",
+    "keep_field_types",
+    "list_sources",
+    "plan_shards",
+    "read_shard",
+]

@@ -1,0 +1,162 @@
+"""Cut a corpus into deterministic shards, and stream one shard's documents.
+
+Row formats (JSON lines, JSON, CSV, Parquet, builtins) are cut per file into ranges of
+``shard_docs`` rows, so a shard never spans files; one-document-per-file ``text`` sources are cut
+from the sorted file list into groups of ``shard_docs`` files. A shard's id digests what decides its
+content (its sources' relative paths and fingerprints, the range, the format and the reading options),
+so planning twice gives the same ids, a changed file changes only its own shards' ids, and a shard
+committed by an earlier run can be recognised and skipped.
+
+Planning streams each row file once to count its records (Parquet reads only its footer); nothing
+of the corpus is held in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator, Sequence
+
+import orjson
+
+from teibatch.corpus.documents import DocumentRules, fallback_id
+from teibatch.corpus.formats import FileFormat, detect_format
+from teibatch.corpus.listing import CorpusRoot, SourceFile, fingerprint, list_sources, resolve_root
+from teibatch.corpus.readers import count_rows, iter_rows, read_text
+from teibatch.corpus.records import REJECT_DUPLICATE_ID, CorpusOptions, Document, Reject, Shard
+from teibatch.errors import CorpusError
+
+SHARD_ID_HEX = 16
+SHARD_ID_VERSION = 1
+"""Bumped when the reading rules change what a shard yields, so old shard ids stop matching."""
+
+
+def plan_shards(options: CorpusOptions) -> list[Shard]:
+    """List the corpus and cut it into shards, in a fixed order; ``CorpusError`` if it cannot be read.
+
+    Shards follow the sorted file list (a group of text files is a run of consecutive files), so
+    reading them in order reads the corpus in order. Every file's format is decided before any file
+    is read, so an unknown extension fails at once.
+    """
+    if options.shard_docs < 1:
+        raise CorpusError(f"corpus.shard_docs must be at least 1, not {options.shard_docs}")
+    root, sources = list_sources(options)
+    formats = [detect_format(source.path, options.format) for source in sources]
+    shards: list[Shard] = []
+    texts: list[SourceFile] = []  # a run of consecutive text files, cut every shard_docs files
+    done = 0  # text files already in shards: a text shard's start
+
+    def flush_texts() -> None:
+        nonlocal done
+        if texts:
+            shards.append(_shard(options, texts, done, "text"))
+            done += len(texts)
+            texts.clear()
+
+    for source, fmt in zip(sources, formats, strict=True):
+        if fmt.name == "text":
+            texts.append(source)
+            if len(texts) == options.shard_docs:
+                flush_texts()
+            continue
+        flush_texts()
+        rows = count_rows(root.fs, source.url, fmt, source.path)
+        for start in range(0, rows, options.shard_docs):
+            stop = min(start + options.shard_docs, rows)
+            shards.append(_shard(options, [source], start, fmt.name, stop))
+    flush_texts()
+    return shards
+
+
+def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True) -> Iterator[Document | Reject]:
+    """Stream the shard's documents and rejects in source order, exactly ``shard.size`` of them.
+
+    With ``verify`` (the default) each source's fingerprint is read again first and the shard id
+    recomputed: a corpus changed since planning raises ``CorpusError`` instead of yielding content
+    that no longer matches the id. A second document with an id already seen in this shard is
+    rejected as a duplicate.
+    """
+    root = resolve_root(options)
+    if verify:
+        _verify(options, root, shard)
+    rules = DocumentRules.for_format(options, shard.format)
+    seen: set[str] = set()
+    count = 0
+    for where, item in _items(options, root, shard, rules):
+        count += 1
+        if isinstance(item, Document):
+            if item.id in seen:
+                detail = f"{where}: id {item.id!r} already seen in this shard"
+                item = Reject(item.id, REJECT_DUPLICATE_ID, detail)
+            else:
+                seen.add(item.id)
+        yield item
+    if count != shard.size:
+        raise CorpusError(f"{', '.join(shard.sources)}: shard {shard.id} should hold {shard.size} rows "
+                          f"but {count} were read; the corpus changed since planning, plan again")
+
+
+def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, stop: int, fmt: str) -> str:
+    """The id of a shard: 16 hex chars of blake2b over everything that decides its content."""
+    payload = {
+        "version": SHARD_ID_VERSION,
+        "sources": [[source.path, source.fingerprint] for source in sources],
+        "start": start,
+        "stop": stop,
+        "format": fmt,
+        "id_field": options.id_field,
+        "text_field": options.text_field,
+        "keep_fields": list(options.keep_fields),
+    }
+    encoded = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(encoded, digest_size=SHARD_ID_HEX // 2).hexdigest()
+
+
+def _shard(options: CorpusOptions, sources: Sequence[SourceFile], start: int, fmt: str,
+           stop: int | None = None) -> Shard:
+    if stop is None:  # a group of text files: positions in the sorted list of text files
+        stop = start + len(sources)
+    paths = tuple(source.path for source in sources)
+    return Shard(shard_id(options, sources, start, stop, fmt), paths, start, stop, fmt)
+
+
+def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
+           rules: DocumentRules) -> Iterator[tuple[str, Document | Reject]]:
+    if shard.format == "text":
+        for path in shard.sources:
+            content = read_text(root.fs, root.url(path), _format(options, shard, path), path)
+            row = content if not isinstance(content, str) else {rules.text_field: content}
+            yield path, rules.to_item(row, path)
+        return
+    if len(shard.sources) != 1:
+        raise CorpusError(f"shard {shard.id}: a {shard.format} shard reads exactly one source")
+    path = shard.sources[0]
+    fmt = _format(options, shard, path)
+    for number, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
+                                 columns=rules.columns()):
+        where = fallback_id(path, number)
+        yield where, rules.to_item(row, where)
+
+
+def _format(options: CorpusOptions, shard: Shard, path: str) -> FileFormat:
+    """The file's compression and delimiter from its name; the format itself as planned."""
+    return dataclasses.replace(detect_format(path, options.format), name=shard.format)
+
+
+def _verify(options: CorpusOptions, root: CorpusRoot, shard: Shard) -> None:
+    if root.kind == "builtin":
+        _, sources = list_sources(options)
+    else:
+        assert root.fs is not None
+        sources = []
+        for path in shard.sources:
+            try:
+                info = root.fs.info(root.url(path))
+            except FileNotFoundError as exc:
+                raise CorpusError(f"{path}: the file is gone since planning; plan again") from exc
+            except OSError as exc:
+                raise CorpusError(f"{path}: storage refused: {exc}") from exc
+            sources.append(SourceFile(path, root.url(path), fingerprint(info)))
+    if shard_id(options, sources, shard.start, shard.stop, shard.format) != shard.id:
+        raise CorpusError(f"{', '.join(shard.sources)}: changed since shard {shard.id} was planned; "
+                          "plan again")

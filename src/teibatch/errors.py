@@ -1,0 +1,164 @@
+"""Every error teibatch raises on purpose.
+
+The hierarchy::
+
+    TeibatchError
+    ├── JobSpecError            the job file or command line is wrong (exit code 2)
+    ├── CorpusError             the corpus cannot be listed or read as a whole
+    ├── TeiError                a TEI server answered with an error, or did not answer
+    │   ├── TeiOverloaded       429: inputs in flight over max_concurrent_requests
+    │   ├── PayloadTooLarge     413: request body over the server's payload limit
+    │   ├── TooManyInputs       422 (413 before 1.9): more inputs than max_client_batch_size
+    │   ├── InputTooLong        422: an input longer than max_input_length with truncate=false
+    │   ├── TeiUnavailable      503, 5xx, refused/reset connections, timeouts
+    │   ├── TeiAuthError        401: missing or wrong API key
+    │   ├── WrongModelKind      424: the server does not serve an embedding model
+    │   └── TeiRequestError     any other 4xx: the request itself is wrong
+    ├── SinkError               the output cannot be written or its manifest is unreadable
+    ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
+    └── FleetError              servers could not be launched, reached or destroyed
+        ├── CapacityUnavailable no server could be started or none stayed healthy
+        └── TeardownIncomplete  something launched could not be destroyed
+
+Code that retries or tears down branches on the type and on the fields
+(``status_code``, ``server``, ``retryable``, ``retry_after``), never on message text.
+No message and no ``repr`` contains a secret: servers are named by URL only.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INCOMPLETE = 1
+EXIT_USAGE = 2
+
+
+class TeibatchError(Exception):
+    """Root of every error teibatch raises on purpose; ``exit_code`` is what the CLI exits with."""
+
+    exit_code: int = EXIT_INCOMPLETE
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (Ray tasks): rebuild them without calling __init__.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[TeibatchError], args: tuple[object, ...], state: dict[str, object]) -> TeibatchError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class JobSpecError(TeibatchError):
+    """The job file or a command-line value is wrong; nothing was launched.
+
+    Fix the key named in the message (``file``, ``key`` and ``line`` say where) and run again.
+    """
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 line: int | None = None) -> None:
+        self.file = file
+        self.key = key
+        self.line = line
+        where = ""
+        if file:
+            where = file + (f":{line}" if line else "")
+        if key:
+            where = f"{where}: {key}" if where else key
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class CorpusError(TeibatchError):
+    """The corpus as a whole cannot be read: no file matches, a format is unknown, storage refuses.
+
+    Single bad documents are never raised; they are rejected with a reason instead.
+    """
+
+
+class TeiError(TeibatchError):
+    """A TEI server answered with an error or did not answer at all.
+
+    ``server`` is the server's URL, ``status_code`` the HTTP status (``None`` when no answer came),
+    ``retryable`` whether sending the same request again may succeed.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, server: str, status_code: int | None = None,
+                 retry_after: float | None = None) -> None:
+        self.server = server
+        self.status_code = status_code
+        self.retry_after = retry_after
+        super().__init__(f"{server}: {message}")
+
+
+class TeiOverloaded(TeiError):
+    """429 ``Model is overloaded``: too many inputs in flight; nothing was processed, resend later."""
+
+    retryable = True
+
+
+class PayloadTooLarge(TeiError):
+    """413: the request body is over the server's ``--payload-limit``; split it and resend."""
+
+
+class TooManyInputs(TeiError):
+    """422 (413 before TEI 1.9): more inputs than ``max_client_batch_size``; split and resend."""
+
+
+class InputTooLong(TeiError):
+    """422: an input is longer than ``max_input_length`` tokens and truncation was off.
+
+    Reject the document, or set ``model.truncate: true`` in the job file.
+    """
+
+
+class TeiUnavailable(TeiError):
+    """503, another 5xx, a refused or reset connection, or a timeout: try another server."""
+
+    retryable = True
+
+
+class TeiAuthError(TeiError):
+    """401: the server wants an API key and the one sent (if any) is wrong.
+
+    Put the key in the environment variable named by ``servers.api_key_env``.
+    """
+
+
+class WrongModelKind(TeiError):
+    """424 ``Model is not an embedding model``: the server serves a reranker or classifier.
+
+    Point the job at a server launched with an embedding model.
+    """
+
+
+class TeiRequestError(TeiError):
+    """Any other 4xx answer: the request is wrong for this server (bad option, bad prompt name)."""
+
+
+class SinkError(TeibatchError):
+    """The output cannot be written, or an existing output belongs to a different job."""
+
+
+class RunIncomplete(TeibatchError):
+    """Some shards were not committed; run the same command again to finish them."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class FleetError(TeibatchError):
+    """Servers could not be launched, reached, exported or destroyed."""
+
+
+class CapacityUnavailable(FleetError):
+    """No server could be started, or none stayed healthy long enough to run the job."""
+
+
+class TeardownIncomplete(FleetError):
+    """Something launched could not be destroyed; ``teibatch fleet sweep`` retries it.
+
+    This is the one error that may cost money: read the message, it names what is still running.
+    """

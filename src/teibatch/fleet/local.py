@@ -1,0 +1,124 @@
+"""Provider ``local``: built-in TEI-compatible servers started as processes on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from teibatch.endpoint import Endpoint
+from teibatch.errors import CapacityUnavailable
+from teibatch.fleet.base import HEALTH_POLL_S, Provider, wait_healthy
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM the server when the driver dies, even by SIGKILL."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class _Process:
+    popen: subprocess.Popen[bytes]
+    ready_file: Path
+    log_file: Path
+    url: str | None = None
+
+
+class LocalProvider(Provider):
+    """Starts ``count`` servers with ``python -m teibatch serve`` on free 127.0.0.1 ports.
+
+    Each run gets a fresh random API key, passed through the environment (never the command
+    line, which other users can read). Servers stop when the run ends, whatever happens, and die
+    with the driver process if it is killed.
+    """
+
+    name = "local"
+
+    def __init__(self, count: int, *, model_id: str | None = None, server_args: list[str] | None = None,
+                 startup_timeout: float = 60.0, payload_limit: int | None = None) -> None:
+        self.count = count
+        self.model_id = model_id
+        self.server_args = list(server_args or [])
+        self.startup_timeout = startup_timeout
+        self.payload_limit = payload_limit
+        self.api_key = secrets.token_urlsafe(24)
+        self._workdir: tempfile.TemporaryDirectory[str] | None = None
+        self._processes: list[_Process] = []
+
+    def command(self, ready_file: Path) -> list[str]:
+        """The command line of one server."""
+        command = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", "0",
+                   "--ready-file", str(ready_file)]
+        if self.model_id:
+            command += ["--model-id", self.model_id]
+        return command + self.server_args
+
+    def up(self) -> list[Endpoint]:
+        self._workdir = tempfile.TemporaryDirectory(prefix="teibatch-local-")
+        workdir = Path(self._workdir.name)
+        env = {**os.environ, "API_KEY": self.api_key}
+        for index in range(self.count):
+            ready, log_path = workdir / f"server-{index}.json", workdir / f"server-{index}.log"
+            with open(log_path, "wb") as log_handle:
+                popen = subprocess.Popen(self.command(ready), stdin=subprocess.DEVNULL, stdout=log_handle,
+                                         stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            self._processes.append(_Process(popen, ready, log_path))
+        deadline = time.monotonic() + self.startup_timeout
+        for process in self._processes:
+            self._wait_ready(process, deadline)
+        return [Endpoint(p.url, self.api_key, self.payload_limit) for p in self._processes if p.url]
+
+    def _wait_ready(self, process: _Process, deadline: float) -> None:
+        while time.monotonic() < deadline and process.popen.poll() is None and not process.ready_file.exists():
+            time.sleep(HEALTH_POLL_S / 2)
+        if process.ready_file.exists():
+            url = orjson.loads(process.ready_file.read_bytes())["url"]
+            if wait_healthy(url, deadline, alive=lambda: process.popen.poll() is None):
+                process.url = url
+                return
+        raise CapacityUnavailable(
+            f"a local TEI server did not become healthy within {self.startup_timeout:.0f}s "
+            f"(exit code {process.popen.poll()}); its log ends with:\n{self._log_tail(process)}")
+
+    @staticmethod
+    def _log_tail(process: _Process, lines: int = 15) -> str:
+        try:
+            text = process.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def down(self) -> None:
+        for process in self._processes:
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self._processes:
+            try:
+                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("local server pid %d ignored SIGTERM; killing it", process.popen.pid)
+                process.popen.kill()
+                process.popen.wait()
+        self._processes.clear()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None

@@ -1,0 +1,188 @@
+"""The job spec: every section of a job file, its defaults, and validation with clear errors.
+
+Pydantic is used here and only here, at the job-file boundary; the rest of teibatch
+receives plain frozen records built from a validated :class:`JobSpec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
+from teibatch.errors import JobSpecError
+from teibatch.jobfile import RawJob, load_job_file
+
+DEFAULT_PAYLOAD_LIMIT = 2_000_000
+DEFAULT_LOCAL_SERVERS = 2
+DEFAULT_MAX_RETRIES = 6
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_ROW_GROUP_SIZE = 8192
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$")
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds in ``90``, ``"90s"``, ``"30m"``, ``"2h"`` or ``"1h30m"``."""
+    if isinstance(text, int | float):
+        return float(text)
+    if text.strip().replace(".", "", 1).isdigit():
+        return float(text)
+    match = _DURATION.match(text)
+    if not text.strip() or match is None or not any(match.groups()):
+        raise ValueError(f"{text!r} is not a duration (write 90s, 30m, 2h or 1h30m)")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CorpusSection(_Section):
+    path: str = Field(min_length=1)
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "text"] = "auto"
+    id_field: str | None = None
+    text_field: str = DEFAULT_TEXT_FIELD
+    keep_fields: tuple[str, ...] = ()
+    shard_docs: int = Field(DEFAULT_SHARD_DOCS, ge=1, le=10_000_000)
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelSection(_Section):
+    id: str | None = None
+    normalize: bool = True
+    truncate: bool = True
+    truncation_direction: Literal["right", "left"] = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = Field(None, ge=1)
+
+
+class ServersSection(_Section):
+    provider: Literal["local", "static"] = "local"
+    count: int = Field(DEFAULT_LOCAL_SERVERS, ge=1, le=64)
+    urls: tuple[str, ...] = ()
+    api_key_env: str | None = None
+    server_args: tuple[str, ...] = ()
+    startup_timeout: float = Field(60.0, gt=0)
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_are_http(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return tuple(url.rstrip("/") for url in urls)
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> ServersSection:
+        if self.provider == "static" and not self.urls:
+            raise ValueError("provider static needs servers.urls: a list of TEI base URLs")
+        if self.provider == "local" and self.urls:
+            raise ValueError("servers.urls is for provider static; provider local starts its own servers")
+        return self
+
+
+class ClientSection(_Section):
+    route: Literal["auto", "embed", "openai-base64"] = "auto"
+    max_batch_size: int | Literal["auto"] = "auto"
+    max_inflight_inputs: int | Literal["auto"] = "auto"
+    payload_limit: int = Field(DEFAULT_PAYLOAD_LIMIT, ge=1024)
+    max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=100)
+    request_timeout: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
+
+    @field_validator("max_batch_size", "max_inflight_inputs")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be auto or a positive integer")
+        return value
+
+
+class OutputSection(_Section):
+    path: str = Field(min_length=1)
+    vector_type: Literal["float32", "float16"] = "float32"
+    compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
+    row_group_size: int = Field(DEFAULT_ROW_GROUP_SIZE, ge=1)
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class LimitsSection(_Section):
+    max_runtime: float | None = None
+    max_shards_in_flight: int | Literal["auto"] = "auto"
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+
+class JobSpec(_Section):
+    """A validated job file."""
+
+    name: str = "teibatch-job"
+    corpus: CorpusSection
+    model: ModelSection = ModelSection()
+    servers: ServersSection = ServersSection()
+    client: ClientSection = ClientSection()
+    output: OutputSection
+    mode: Literal["full"] = "full"
+    limits: LimitsSection = LimitsSection()
+
+    def corpus_options(self) -> CorpusOptions:
+        """The corpus section as the record ``teibatch.corpus`` reads."""
+        c = self.corpus
+        return CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
+                             keep_fields=c.keep_fields, shard_docs=c.shard_docs,
+                             storage_options=dict(c.storage_options))
+
+    def vector_options(self) -> dict[str, Any]:
+        """Everything that changes the vector of a text (part of every content hash)."""
+        m = self.model
+        return {"model": m.id, "normalize": m.normalize, "truncate": m.truncate,
+                "truncation_direction": m.truncation_direction, "prompt_name": m.prompt_name,
+                "dimensions": m.dimensions}
+
+    def output_fingerprint(self) -> str:
+        """A digest of what makes two outputs comparable: the vector options and the reading options."""
+        c = self.corpus
+        reading = {"id_field": c.id_field, "text_field": c.text_field, "keep_fields": list(c.keep_fields),
+                   "vector_type": self.output.vector_type}
+        blob = orjson.dumps({"vector": self.vector_options(), "reading": reading}, option=orjson.OPT_SORT_KEYS)
+        return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None,
+             environ: dict[str, str] | None = None) -> JobSpec:
+    """Load and validate a job file; raise :class:`JobSpecError` naming the file, the key and the line."""
+    raw = load_job_file(path, overrides, environ)
+    return validate_job(raw)
+
+
+def validate_job(raw: RawJob) -> JobSpec:
+    """Validate loaded job data; the first problem becomes a :class:`JobSpecError`."""
+    try:
+        return JobSpec.model_validate(raw.data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key_path = tuple(str(part) for part in first["loc"])
+        key = ".".join(key_path) or None
+        more = len(exc.errors()) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise JobSpecError(_explain(first) + suffix, file=raw.file, key=key,
+                           line=raw.line_of(key_path)) from None
+
+
+def _explain(error: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key (check its spelling; see the job file reference in the README)"
+    if kind == "missing":
+        return "this key is required"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")

@@ -1,0 +1,172 @@
+"""The server-side queue and batcher, and the capacity model that lets a CPU stand in for a GPU.
+
+Like TEI's ``core/src/queue.rs``: inputs from all requests wait in one FIFO queue; one batcher task
+takes as many as fit in ``max_batch_tokens`` (and ``max_batch_requests``), runs them through the
+backend as one batch, and answers each input's future. A backend failure fails every input of that
+batch (TEI: a CUDA error fails the whole server-side batch).
+
+With ``simulate_gpu`` (tokens/s) a batch is answered ``batch_overhead_s + tokens / simulate_gpu``
+seconds after it started, however fast the vectors were computed, so a cheap backend behaves like
+a GPU of that throughput: latency grows with load, throughput saturates at the configured rate,
+and ``te_queue_size`` rises when clients send faster than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from teibatch.server.backends.base import Backend, pair_logits
+from teibatch.server.config import ServerConfig
+from teibatch.server.metrics import Metrics
+from teibatch.server.responses import backend as backend_error
+
+OPS = ("embed", "raw", "sparse", "score", "all")
+"""``embed``: normalized vector; ``raw``: unnormalized vector; ``sparse``: SPLADE entries;
+``score``: (query, text) logit; ``all``: one unnormalized vector per token (``/embed_all``)."""
+
+
+@dataclass
+class Job:
+    """One input waiting for the backend; ``future`` gets its result (or an ApiError)."""
+
+    op: str
+    text: str
+    tokens: int
+    future: asyncio.Future[Any]
+    query: str = ""
+    enqueued: float = field(default_factory=time.perf_counter)
+    started: float = 0.0
+    finished: float = 0.0
+
+
+def _compute(backend: Backend, jobs: list[Job]) -> list[Any]:
+    """Results of one batch, in job order; jobs of one op go to the backend together."""
+    results: list[Any] = [None] * len(jobs)
+    for op in OPS:
+        index = [i for i, job in enumerate(jobs) if job.op == op]
+        if not index:
+            continue
+        texts = [jobs[i].text for i in index]
+        out: Any
+        if op == "embed":
+            out = backend.embed(texts, normalize=True)
+        elif op == "raw":
+            out = backend.embed(texts, normalize=False)
+        elif op == "sparse":
+            out = backend.embed_sparse(texts)
+        elif op == "score":
+            out = pair_logits(backend, [(jobs[i].query, jobs[i].text) for i in index])
+        else:
+            out = [backend.embed([t.text for t in backend.tokenizer.encode(text)], normalize=False)
+                   for text in texts]
+        for i, value in zip(index, out, strict=True):
+            results[i] = value
+    return results
+
+
+class BatchQueue:
+    """The queue plus its batcher task; start with :meth:`start`, stop with :meth:`stop`."""
+
+    def __init__(self, backend: Backend, config: ServerConfig, metrics: Metrics) -> None:
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def size(self) -> int:
+        """Inputs waiting (not yet in a running batch): TEI's ``te_queue_size``."""
+        return len(self._jobs)
+
+    def start(self) -> None:
+        """Start the batcher task on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="teibatch-batcher")
+
+    async def stop(self) -> None:
+        """Cancel the batcher and fail whatever still waits."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._jobs:
+            job = self._jobs.popleft()
+            if not job.future.done():
+                job.future.cancel()
+
+    def submit(self, op: str, texts: list[str], tokens: list[int],
+               queries: list[str] | None = None) -> list[Job]:
+        """Queue inputs of one request, in order; await their futures for the results."""
+        loop = asyncio.get_running_loop()
+        jobs = [Job(op=op, text=text, tokens=n, future=loop.create_future(),
+                    query=queries[i] if queries else "")
+                for i, (text, n) in enumerate(zip(texts, tokens, strict=True))]
+        self._jobs.extend(jobs)
+        self.metrics.gauges["te_queue_size"] = len(self._jobs)
+        self._wakeup.set()
+        return jobs
+
+    def _next_batch(self) -> list[Job]:
+        batch: list[Job] = []
+        total = 0
+        max_requests = self.config.max_batch_requests
+        while self._jobs:
+            job = self._jobs[0]
+            if job.future.done():  # the client went away (TEI: te_request_failure{err="dropped"})
+                self._jobs.popleft()
+                self.metrics.inc("te_request_failure", err="dropped")
+                continue
+            if batch and (total + job.tokens > self.config.max_batch_tokens
+                          or (max_requests is not None and len(batch) >= max_requests)):
+                break
+            batch.append(self._jobs.popleft())
+            total += job.tokens
+        self.metrics.gauges["te_queue_size"] = len(self._jobs)
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            if not self._jobs:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            batch = self._next_batch()
+            if batch:
+                await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list[Job]) -> None:
+        tokens = sum(job.tokens for job in batch)
+        self.metrics.observe("te_batch_next_size", len(batch))
+        self.metrics.observe("te_batch_next_tokens", tokens)
+        started = time.perf_counter()
+        for job in batch:
+            job.started = started
+        try:
+            if self.backend.heavy:
+                results = await asyncio.to_thread(_compute, self.backend, batch)
+            else:
+                results = _compute(self.backend, batch)
+        except Exception as exc:  # any backend failure fails the whole batch, as in TEI
+            error = backend_error(f"Backend error: {exc}", metric="inference")
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(error)
+            return
+        if self.config.simulate_gpu:
+            model_time = self.config.batch_overhead_s + tokens / self.config.simulate_gpu
+            remaining = model_time - (time.perf_counter() - started)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        finished = time.perf_counter()
+        self.metrics.batches += 1
+        for job, result in zip(batch, results, strict=True):
+            job.finished = finished
+            if not job.future.done():
+                job.future.set_result(np.asarray(result) if job.op in ("embed", "raw") else result)

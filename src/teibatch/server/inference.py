@@ -1,0 +1,89 @@
+"""The part every inference route shares: queue the prepared inputs, await them, time them.
+
+TEI sets the same ``x-compute-*`` / ``x-*-time`` headers on every successful inference answer
+(``router/src/lib.rs``, ``impl From<ResponseMetadata> for HeaderMap``); for a batch the
+tokenization, queue and inference times are averages per input. Request metrics
+(``te_request_count/success``, ``te_embed_*``/``te_predict_*`` and their durations) are kept here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from teibatch.server.bodies import Item
+from teibatch.server.state import ServerState
+from teibatch.server.validation import Prepared
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Results of one request's inputs, in input order, and the headers to send with them."""
+
+    results: list[Any]
+    prepared: list[Prepared]
+    headers: dict[str, str]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of all inputs: the OpenAI ``usage`` numbers."""
+        return sum(p.tokens for p in self.prepared)
+
+
+class RequestTimer:
+    """Started when a request's JSON is read; marks tokenization end; counts the request."""
+
+    def __init__(self, state: ServerState, is_batch: bool, family: str) -> None:
+        self.state = state
+        self.method = "batch" if is_batch else "single"
+        self.family = family
+        self.started = time.perf_counter()
+        self.tokenized = self.started
+        state.metrics.inc("te_request_count", method=self.method)
+        state.metrics.inc(f"te_{family}_count")
+
+    def mark_tokenized(self) -> None:
+        """Call when every input is prepared."""
+        self.tokenized = time.perf_counter()
+
+    async def run(self, op: str, prepared: list[Prepared], items: list[Item] | None = None,
+                  queries: list[str] | None = None) -> Outcome:
+        """Queue ``prepared`` as ``op`` jobs, await all, count success and build the headers."""
+        state = self.state
+        jobs = state.queue.submit(op, [p.text for p in prepared], [p.tokens for p in prepared], queries)
+        results = await asyncio.gather(*(job.future for job in jobs))
+        done = time.perf_counter()
+        n = len(jobs)
+        tokenization = (self.tokenized - self.started) / max(n, 1)
+        queue = sum(job.started - job.enqueued for job in jobs) / max(n, 1)
+        inference = sum(job.finished - job.started for job in jobs) / max(n, 1)
+        total = done - self.started
+        metrics = state.metrics
+        for duration_name, value in (("duration", total), ("tokenization_duration", tokenization),
+                                     ("queue_duration", queue), ("inference_duration", inference)):
+            metrics.observe(f"te_request_{duration_name}", value)
+            metrics.observe(f"te_{self.family}_{duration_name}", value)
+        for p in prepared:
+            metrics.observe("te_request_input_length", p.tokens)
+        metrics.inc("te_request_success", method=self.method)
+        metrics.inc(f"te_{self.family}_success")
+        if items is not None:
+            metrics.embedded(items, sum(p.tokens for p in prepared))
+        compute_type = "gpu+optimized" if state.config.simulate_gpu else "cpu"
+        headers = {
+            "x-compute-type": compute_type,
+            "x-compute-time": _ms(done - self.started),
+            "x-compute-characters": str(sum(p.chars for p in prepared)),
+            "x-compute-tokens": str(sum(p.tokens for p in prepared)),
+            "x-total-time": _ms(total),
+            "x-tokenization-time": _ms(tokenization),
+            "x-queue-time": _ms(queue),
+            "x-inference-time": _ms(inference),
+        }
+        return Outcome(list(results), prepared, headers)
+
+
+def _ms(seconds: float) -> str:
+    return str(int(seconds * 1000))

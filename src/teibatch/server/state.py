@@ -1,0 +1,68 @@
+"""What every handler of one server shares: config, backend, queue, permits and counters.
+
+The permits are TEI's ``max_concurrent_requests`` semaphore, counted per input: a request takes
+one permit per input without waiting, and if not all are free it takes none and gets 429
+``Model is overloaded`` at once (``core/src/infer.rs`` ``try_acquire_permit``). Permits are held
+until the request's inputs are computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from teibatch.server.backends.base import Backend
+from teibatch.server.batching import BatchQueue
+from teibatch.server.config import ServerConfig
+from teibatch.server.metrics import Metrics
+from teibatch.server.responses import batch_size, overloaded
+
+
+class Permits:
+    """A non-blocking counting semaphore of ``total`` permits; the event loop is its only user."""
+
+    def __init__(self, total: int, metrics: Metrics) -> None:
+        self.total = total
+        self.in_use = 0
+        self.metrics = metrics
+
+    @contextmanager
+    def hold(self, count: int) -> Iterator[None]:
+        """Take ``count`` permits for the block, or raise 429 (an ``inflight`` violation)."""
+        if self.in_use + count > self.total:
+            raise overloaded()
+        self.in_use += count
+        self.metrics.max_inflight_inputs = max(self.metrics.max_inflight_inputs, self.in_use)
+        try:
+            yield
+        finally:
+            self.in_use -= count
+
+
+@dataclass
+class ServerState:
+    """One server's shared parts; ``request_stop`` is set by the runner (used by the exit fault)."""
+
+    config: ServerConfig
+    backend: Backend
+    metrics: Metrics
+    queue: BatchQueue
+    permits: Permits
+    request_stop: Callable[[], None] | None = field(default=None)
+
+    def check_batch_size(self, count: int) -> None:
+        """422 for more inputs than ``max_client_batch_size`` (an ``batch_size`` violation)."""
+        self.metrics.max_inputs_per_request = max(self.metrics.max_inputs_per_request, count)
+        if count > self.config.max_client_batch_size:
+            raise batch_size(count, self.config.max_client_batch_size)
+
+
+STATE: web.AppKey[ServerState] = web.AppKey("teibatch_state", ServerState)
+
+
+def get_state(request: web.Request) -> ServerState:
+    """The state of the app serving ``request``."""
+    return request.app[STATE]

@@ -1,0 +1,33 @@
+"""The output: Parquet parts written all or nothing, the manifest, and run reports."""
+
+from teibatch.sink.manifest import MANIFEST, Manifest, ShardEntry, remove_stale, remove_uncommitted_temp
+from teibatch.sink.parts import (
+    REJECTS_DIR,
+    VECTORS_DIR,
+    VectorSchema,
+    WriteOptions,
+    rejects_table,
+    vectors_table,
+    write_part,
+)
+from teibatch.sink.report import RUNS_DIR, latest_report, write_report
+from teibatch.sink.store import OutputStore
+
+__all__ = [
+    "MANIFEST",
+    "REJECTS_DIR",
+    "RUNS_DIR",
+    "VECTORS_DIR",
+    "Manifest",
+    "OutputStore",
+    "ShardEntry",
+    "VectorSchema",
+    "WriteOptions",
+    "latest_report",
+    "rejects_table",
+    "remove_stale",
+    "remove_uncommitted_temp",
+    "vectors_table",
+    "write_part",
+    "write_report",
+]

@@ -1,0 +1,109 @@
+"""``_manifest.json``: which shards are committed, and what the output was made with.
+
+A shard is committed when, and only when, the manifest lists it; its parts may exist on disk
+before that (a killed run), and are then simply written again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from teibatch.errors import SinkError
+from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, shard_of
+from teibatch.sink.store import TEMP_MARK, OutputStore
+
+MANIFEST = "_manifest.json"
+MANIFEST_FORMAT = 1
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """A committed shard: how many vectors and rejects it wrote, and in which run."""
+
+    rows: int
+    rejects: int
+    run_id: str
+    committed_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "rejects": self.rejects, "run_id": self.run_id,
+                "committed_at": self.committed_at}
+
+
+@dataclass
+class Manifest:
+    """The output's state; :meth:`save` replaces the file atomically."""
+
+    fingerprint: str
+    job_name: str
+    info: dict[str, Any] = field(default_factory=dict)
+    shards: dict[str, ShardEntry] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, store: OutputStore) -> Manifest | None:
+        data = store.read_json(MANIFEST)
+        if data is None:
+            return None
+        try:
+            if data.get("format") != MANIFEST_FORMAT:
+                raise SinkError(f"{store.url}/{MANIFEST} has format {data.get('format')!r}; "
+                                f"this teibatch reads format {MANIFEST_FORMAT}")
+            shards = {sid: ShardEntry(**entry) for sid, entry in data["shards"].items()}
+            return cls(fingerprint=data["fingerprint"], job_name=data["job"], info=data.get("info", {}),
+                       shards=shards, runs=list(data.get("runs", [])))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
+                            "restore it or start a new output path") from exc
+
+    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str) -> None:
+        self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now())
+
+    def save(self, store: OutputStore) -> None:
+        store.write_json(MANIFEST, {
+            "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
+            "info": self.info, "runs": self.runs, "updated_at": utc_now(),
+            "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
+        })
+
+    @property
+    def rows(self) -> int:
+        return sum(entry.rows for entry in self.shards.values())
+
+    @property
+    def rejects(self) -> int:
+        return sum(entry.rejects for entry in self.shards.values())
+
+
+def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list[str]:
+    """Delete parts of shards outside ``live`` (a changed or shrunk corpus) and leftover temp files.
+
+    Returns the shard ids that were dropped from the manifest.
+    """
+    dropped = sorted(set(manifest.shards) - live)
+    for shard_id in dropped:
+        del manifest.shards[shard_id]
+    for directory in (VECTORS_DIR, REJECTS_DIR):
+        for name in store.list(directory):
+            shard_id = shard_of(name)
+            if name.startswith(TEMP_MARK) or (shard_id is not None and shard_id not in live):
+                store.remove(f"{directory}/{name}")
+    return dropped
+
+
+def remove_uncommitted_temp(store: OutputStore) -> int:
+    """Delete temporary files a killed run left behind; return how many."""
+    removed = 0
+    for directory in (VECTORS_DIR, REJECTS_DIR, ""):
+        for name in store.list(directory):
+            if name.startswith(TEMP_MARK):
+                store.remove(f"{directory}/{name}" if directory else name)
+                removed += 1
+    return removed
+

@@ -1,0 +1,87 @@
+"""Parquet parts: one vectors part and one rejects part per shard, with a fixed schema."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from teibatch.sink.store import OutputStore
+
+VECTORS_DIR = "vectors"
+REJECTS_DIR = "rejects"
+METADATA_KEY = b"teibatch"
+
+REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
+
+
+@dataclass(frozen=True)
+class VectorSchema:
+    """The vectors part schema: ``id``, ``embedding``, ``content_hash`` and the kept fields."""
+
+    dimension: int
+    vector_type: str = "float32"
+    kept: Mapping[str, pa.DataType] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def value_type(self) -> pa.DataType:
+        return pa.float16() if self.vector_type == "float16" else pa.float32()
+
+    def arrow(self) -> pa.Schema:
+        fields = [pa.field("id", pa.string(), nullable=False),
+                  pa.field("embedding", pa.list_(pa.field("item", self.value_type, nullable=False),
+                                                 self.dimension), nullable=False),
+                  pa.field("content_hash", pa.string(), nullable=False)]
+        fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
+        meta = {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
+                                            "vector_type": self.vector_type})}
+        return pa.schema(fields, metadata=meta)
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    compression: str = "zstd"
+    row_group_size: int = 8192
+
+
+def part_name(shard_id: str) -> str:
+    return f"part-{shard_id}.parquet"
+
+
+def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
+                  kept: Mapping[str, Sequence[Any]]) -> pa.Table:
+    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32."""
+    arrow = schema.arrow()
+    values = np.ascontiguousarray(vectors, dtype=np.float16 if schema.vector_type == "float16" else np.float32)
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), schema.dimension)
+    columns: list[pa.Array] = [pa.array(ids, pa.string()), embedding, pa.array(hashes, pa.string())]
+    columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
+    return pa.Table.from_arrays(columns, schema=arrow)
+
+
+def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[str]) -> pa.Table:
+    return pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(reasons, pa.string()),
+                                 pa.array(details, pa.string())], schema=REJECTS_SCHEMA)
+
+
+def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Table,
+               options: WriteOptions) -> str:
+    """Write ``table`` as ``<directory>/part-<shard>.parquet``, all or nothing; return its relative path."""
+    relative = f"{directory}/{part_name(shard_id)}"
+    compression = None if options.compression == "none" else options.compression
+    store.write_atomic(relative, lambda handle: pq.write_table(
+        table, handle, compression=compression, row_group_size=options.row_group_size))
+    return relative
+
+
+def shard_of(name: str) -> str | None:
+    """The shard id in a part file name, or ``None`` for other files."""
+    if name.startswith("part-") and name.endswith(".parquet"):
+        return name[len("part-"):-len(".parquet")]
+    return None

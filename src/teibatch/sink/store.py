@@ -1,0 +1,92 @@
+"""The output location on any fsspec filesystem, with all-or-nothing writes."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import IO, Any
+
+import fsspec
+import orjson
+from fsspec.implementations.local import LocalFileSystem
+
+from teibatch.errors import SinkError
+
+TEMP_MARK = ".tmp-"
+
+
+class OutputStore:
+    """Files under one output root (local path or URL such as ``s3://bucket/prefix``).
+
+    :meth:`write_atomic` makes a file visible only whole: on a local disk it writes a hidden
+    temporary file and renames it; on object stores a single PUT is already all-or-nothing.
+    """
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        try:
+            self.fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
+        except (ImportError, ValueError) as exc:
+            raise SinkError(f"cannot open output {root!r}: {exc}") from exc
+        self.root = path.rstrip("/")
+        self.url = root
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def path(self, relative: str) -> str:
+        return f"{self.root}/{relative}"
+
+    def write_atomic(self, relative: str, write: Callable[[IO[bytes]], None]) -> None:
+        """Call ``write`` with a binary file object; the result appears at ``relative`` only when complete."""
+        final = self.path(relative)
+        directory, _, name = final.rpartition("/")
+        try:
+            self.fs.makedirs(directory, exist_ok=True)
+            if not self.is_local:
+                with self.fs.open(final, "wb") as handle:
+                    write(handle)
+                return
+            temp = f"{directory}/{TEMP_MARK}{uuid.uuid4().hex[:12]}-{name}"
+            try:
+                with self.fs.open(temp, "wb") as handle:
+                    write(handle)
+                self.fs.mv(temp, final)
+            finally:
+                if self.fs.exists(temp):
+                    self.fs.rm(temp)
+        except OSError as exc:
+            raise SinkError(f"cannot write {self.url}/{relative}: {exc}") from exc
+
+    def write_json(self, relative: str, data: Any) -> None:
+        blob = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+        self.write_atomic(relative, lambda handle: handle.write(blob))
+
+    def read_json(self, relative: str) -> Any | None:
+        """The JSON at ``relative``, or ``None`` when there is no such file."""
+        final = self.path(relative)
+        try:
+            with self.fs.open(final, "rb") as handle:
+                blob = handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SinkError(f"cannot read {self.url}/{relative}: {exc}") from exc
+        try:
+            return orjson.loads(blob)
+        except orjson.JSONDecodeError as exc:
+            raise SinkError(f"{self.url}/{relative} is not valid JSON ({exc}); "
+                            "restore it or start a new output path") from exc
+
+    def list(self, relative_dir: str) -> list[str]:
+        """Names of the files directly in ``relative_dir`` (empty when it does not exist)."""
+        try:
+            entries = self.fs.ls(self.path(relative_dir), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(str(entry).rstrip("/").rpartition("/")[2] for entry in entries)
+
+    def remove(self, relative: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(relative))

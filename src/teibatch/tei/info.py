@@ -1,0 +1,85 @@
+"""What a TEI server says about itself (``GET /info``) and the limits a client derives from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_CLIENT_BATCH_SIZE = 32
+DEFAULT_MAX_CONCURRENT_REQUESTS = 512
+DEFAULT_MAX_INPUT_LENGTH = 512
+DEFAULT_PAYLOAD_LIMIT = 2_000_000
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """The fields of TEI's ``/info`` that a batch client needs."""
+
+    model_id: str
+    model_kind: str
+    pooling: str | None
+    max_client_batch_size: int
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int | None
+    auto_truncate: bool
+    version: str | None
+    model_dtype: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerInfo:
+        """Parse ``/info``; fields older servers lack fall back to TEI's defaults."""
+        model_type = data.get("model_type") or {}
+        kind = next(iter(model_type), "embedding") if isinstance(model_type, dict) else str(model_type)
+        details = model_type.get(kind) if isinstance(model_type, dict) else None
+        pooling = details.get("pooling") if isinstance(details, dict) else None
+        return cls(
+            model_id=str(data.get("model_id", "unknown")),
+            model_kind=kind,
+            pooling=pooling,
+            max_client_batch_size=int(data.get("max_client_batch_size") or DEFAULT_MAX_CLIENT_BATCH_SIZE),
+            max_concurrent_requests=int(data.get("max_concurrent_requests") or DEFAULT_MAX_CONCURRENT_REQUESTS),
+            max_input_length=int(data.get("max_input_length") or DEFAULT_MAX_INPUT_LENGTH),
+            max_batch_tokens=data.get("max_batch_tokens"),
+            # /info has carried auto_truncate since 1.2.1; older servers never truncated by default.
+            auto_truncate=bool(data.get("auto_truncate", False)),
+            version=data.get("version"),
+            model_dtype=data.get("model_dtype"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id, "model_kind": self.model_kind, "pooling": self.pooling,
+            "max_client_batch_size": self.max_client_batch_size,
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "max_input_length": self.max_input_length, "max_batch_tokens": self.max_batch_tokens,
+            "auto_truncate": self.auto_truncate, "version": self.version, "model_dtype": self.model_dtype,
+        }
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """The limits one client obeys towards one server: the smaller of the server's and the job's."""
+
+    max_batch_size: int
+    max_inflight_inputs: int
+    payload_limit: int
+
+    @classmethod
+    def derive(cls, info: ServerInfo, *, max_batch_size: int | None = None,
+               max_inflight_inputs: int | None = None,
+               payload_limit: int = DEFAULT_PAYLOAD_LIMIT) -> ClientLimits:
+        """Effective limits: each job override can only lower what the server allows."""
+        batch = min(info.max_client_batch_size, max_batch_size or info.max_client_batch_size)
+        inflight = min(info.max_concurrent_requests, max_inflight_inputs or info.max_concurrent_requests)
+        return cls(max_batch_size=max(1, batch), max_inflight_inputs=max(1, inflight),
+                   payload_limit=payload_limit)
+
+    def share(self, parts: int) -> ClientLimits:
+        """These limits for one of ``parts`` clients that talk to the same server at once.
+
+        Inputs in flight are counted by the server across every client, so each gets a slice.
+        """
+        inflight = max(1, self.max_inflight_inputs // max(1, parts))
+        return ClientLimits(max_batch_size=min(self.max_batch_size, inflight),
+                            max_inflight_inputs=inflight, payload_limit=self.payload_limit)

@@ -1,0 +1,43 @@
+"""Fixtures shared across the suite: a quiet environment, one Ray for the session, corpora."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+# Ray's token auth is for shared clusters; the tests' local Ray needs none.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray for every test that runs a job (starting Ray costs seconds)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def small_corpus(tmp_path: Path) -> Path:
+    """40 documents in two jsonl files, some texts repeated."""
+    rows = [{"id": f"doc-{i:03d}", "text": f"document number {i % 30} about topic {i % 7}", "title": f"T{i}"}
+            for i in range(40)]
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", rows[:25])
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", rows[25:])
+    return tmp_path / "corpus"

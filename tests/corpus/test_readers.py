@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from teibatch.corpus import CorpusOptions, Document, plan_shards
+from teibatch.corpus.formats import FileFormat
+from teibatch.corpus.listing import resolve_root
+from teibatch.corpus.readers import count_rows, iter_rows
+from teibatch.errors import CorpusError
+
+ROWS = [{"id": f"r{i}", "text": f"row {i} text", "n": i} for i in range(10)]
+
+
+def ids_and_texts(kit: Any, options: CorpusOptions) -> list[tuple[str, str]]:
+    items = kit.read_all(options)
+    assert all(isinstance(item, Document) for item in items), items
+    return [(item.id, item.text) for item in items]
+
+
+EXPECTED = [(row["id"], row["text"]) for row in ROWS]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("c.jsonl", id="jsonl"),
+        pytest.param("c.ndjson", id="ndjson"),
+        pytest.param("c.jsonl.gz", id="jsonl-gz"),
+        pytest.param("c.jsonl.zst", id="jsonl-zst"),
+        pytest.param("c.jsonl.zstd", id="jsonl-zstd"),
+        pytest.param("c.jsonl.bz2", id="jsonl-bz2"),
+    ],
+)
+def test_json_lines(kit: Any, tmp_path: Path, name: str) -> None:
+    path = kit.write_jsonl(tmp_path / name, ROWS)
+    assert ids_and_texts(kit, CorpusOptions(str(path), id_field="id", shard_docs=4)) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "document",
+    [pytest.param(ROWS, id="array"), pytest.param({"count": 10, "records": ROWS}, id="object-with-list")],
+)
+def test_json_document(kit: Any, tmp_path: Path, document: object) -> None:
+    path = tmp_path / "c.json"
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    assert ids_and_texts(kit, CorpusOptions(str(path), id_field="id", shard_docs=3)) == EXPECTED
+
+
+def test_parquet_with_many_row_groups(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_parquet(tmp_path / "c.parquet", ROWS, row_group_size=3)
+    options = CorpusOptions(str(path), id_field="id", shard_docs=4)
+    assert [(s.start, s.stop) for s in plan_shards(options)] == [(0, 4), (4, 8), (8, 10)]
+    assert ids_and_texts(kit, options) == EXPECTED
+
+
+def test_parquet_reads_only_needed_columns_and_row_groups(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_parquet(tmp_path / "c.parquet", ROWS, row_group_size=3)
+    root = resolve_root(CorpusOptions(str(path)))
+    fmt = FileFormat("parquet")
+    rows = list(iter_rows(root.fs, str(path), fmt, "c.parquet", 5, 7, columns=["text", "x"]))
+    assert rows == [(5, {"text": "row 5 text"}), (6, {"text": "row 6 text"})]
+
+
+@pytest.mark.parametrize(
+    ("name", "delimiter"),
+    [pytest.param("c.csv", ",", id="csv"), pytest.param("c.tsv", "\t", id="tsv")],
+)
+def test_csv_and_tsv(kit: Any, tmp_path: Path, name: str, delimiter: str) -> None:
+    rows = [[r["id"], r["text"], str(r["n"])] for r in ROWS]
+    rows[3][1] = 'multi-line,\n"quoted"\tcell'
+    path = kit.write_csv(tmp_path / name, ["id", "text", "n"], rows, delimiter)
+    options = CorpusOptions(str(path), id_field="id", keep_fields=("n",), shard_docs=4)
+    items = kit.read_all(options)
+    assert [(d.id, d.text) for d in items] == [(r[0], r[1]) for r in rows]
+    assert items[9].fields == {"n": "9"}
+
+
+def test_csv_cells_may_be_whole_documents(kit: Any, tmp_path: Path) -> None:
+    long_text = "word " * 100_000
+    path = kit.write_csv(tmp_path / "c.csv", ["text"], [[long_text]])
+    assert [d.text for d in kit.read_all(CorpusOptions(str(path)))] == [long_text]
+
+
+def test_text_files_one_document_each(kit: Any, tmp_path: Path) -> None:
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "docs" / "a.md").write_text("# Title\n\nbody", encoding="utf-8")
+    (tmp_path / "docs" / "deep" / "b.txt").write_bytes(b"\xef\xbb\xbfwith a BOM")
+    options = CorpusOptions(str(tmp_path / "docs"), id_field="ignored", shard_docs=1)
+    assert ids_and_texts(kit, options) == [("a.md", "# Title\n\nbody"), ("deep/b.txt", "with a BOM")]
+
+
+def test_blank_lines_are_not_rows(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "c.jsonl", ["", '{"text": "a"}', "   ", '{"text": "b"}', ""])
+    root = resolve_root(CorpusOptions(str(path)))
+    assert count_rows(root.fs, str(path), FileFormat("jsonl"), "c.jsonl") == 2
+    assert ids_and_texts(kit, CorpusOptions(str(path))) == [("c.jsonl#0", "a"), ("c.jsonl#1", "b")]
+
+
+def test_unknown_extension_in_a_folder_fails_before_reading(kit: Any, tmp_path: Path) -> None:
+    kit.write_jsonl(tmp_path / "a.jsonl", ROWS)
+    (tmp_path / "b.xml").write_text("<x/>")
+    with pytest.raises(CorpusError, match=r"b\.xml.*known extensions"):
+        plan_shards(CorpusOptions(str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        pytest.param("c.jsonl.gz", b"not gzip at all", id="corrupt-gzip"),
+        pytest.param("c.jsonl.zst", b"not zstd at all", id="corrupt-zstd"),
+        pytest.param("c.parquet", b"not parquet", id="corrupt-parquet"),
+        pytest.param("c.csv", b"text\n\xff\xfe broken", id="csv-not-utf8"),
+    ],
+)
+def test_unreadable_files_raise_corpus_error(tmp_path: Path, name: str, data: bytes) -> None:
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(CorpusError, match=name.replace(".", r"\.")):
+        plan_shards(CorpusOptions(str(tmp_path / name)))

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import dataclasses
+import os
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from teibatch.corpus import CorpusOptions, Document, Shard, plan_shards, read_shard
+from teibatch.errors import CorpusError
+
+
+def test_plan_is_deterministic_and_in_file_order(mixed_corpus: Path) -> None:
+    options = CorpusOptions(str(mixed_corpus), id_field="id", shard_docs=2)
+    first, second = plan_shards(options), plan_shards(options)
+    assert first == second
+    assert [(s.sources, s.start, s.stop, s.format) for s in first] == [
+        (("a.jsonl",), 0, 2, "jsonl"), (("a.jsonl",), 2, 4, "jsonl"), (("a.jsonl",), 4, 5, "jsonl"),
+        (("c.parquet",), 0, 2, "parquet"), (("c.parquet",), 2, 4, "parquet"),
+        (("c.parquet",), 4, 6, "parquet"),
+        (("notes.txt",), 0, 1, "text"),
+        (("sub/b.jsonl.gz",), 0, 2, "jsonl"), (("sub/b.jsonl.gz",), 2, 3, "jsonl"),
+    ]
+    assert all(len(s.id) == 16 and int(s.id, 16) >= 0 for s in first)
+    assert len({s.id for s in first}) == len(first)
+
+
+def test_shards_together_are_the_whole_corpus_once_in_order(kit: Any, mixed_corpus: Path) -> None:
+    (mixed_corpus / "b.txt").write_text("text b")
+    (mixed_corpus / "d.md").write_text("text d")
+    whole = kit.read_all(CorpusOptions(str(mixed_corpus), id_field="id", shard_docs=10_000))
+    for shard_docs in (1, 2, 3, 4):
+        items = kit.read_all(CorpusOptions(str(mixed_corpus), id_field="id", shard_docs=shard_docs))
+        assert items == whole
+    assert [d.id for d in whole] == [
+        "a0", "a1", "a2", "a3", "a4", "b.txt", "c0", "c1", "c2", "c3", "c4", "c5", "d.md", "notes.txt",
+        "b0", "b1", "b2",
+    ]
+    assert all(isinstance(d, Document) for d in whole)
+
+
+def test_a_changed_file_changes_only_its_own_shard_ids(kit: Any, mixed_corpus: Path) -> None:
+    options = CorpusOptions(str(mixed_corpus), id_field="id", shard_docs=2)
+    before = {s.id: s for s in plan_shards(options)}
+    kit.write_jsonl(mixed_corpus / "a.jsonl", kit.docs(5, "a", start=100))
+    after = {s.id: s for s in plan_shards(options)}
+    changed = {s.sources for s in before.values() if s.id not in after}
+    assert changed == {("a.jsonl",)}
+    assert {s.sources for s in after.values() if s.id not in before} == {("a.jsonl",)}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"id_field": None}, id="id-field"),
+        pytest.param({"text_field": "body"}, id="text-field"),
+        pytest.param({"keep_fields": ("n",)}, id="keep-fields"),
+        pytest.param({"format": "jsonl"}, id="format-name-same-result"),
+    ],
+)
+def test_reading_options_are_part_of_the_id(kit: Any, tmp_path: Path, change: dict[str, Any]) -> None:
+    kit.write_jsonl(tmp_path / "a.jsonl", kit.docs(3))
+    options = CorpusOptions(str(tmp_path), id_field="id")
+    changed = dataclasses.replace(options, **change)
+    same_reading = change == {"format": "jsonl"}  # auto already read it as jsonl
+    assert (plan_shards(options) == plan_shards(changed)) is same_reading
+
+
+def test_text_files_are_grouped(tmp_path: Path) -> None:
+    for index in range(5):
+        (tmp_path / f"{index}.txt").write_text(f"text {index}")
+    options = CorpusOptions(str(tmp_path), shard_docs=2)
+    shards = plan_shards(options)
+    assert [(s.sources, s.start, s.stop) for s in shards] == [
+        (("0.txt", "1.txt"), 0, 2), (("2.txt", "3.txt"), 2, 4), (("4.txt",), 4, 5),
+    ]
+    read = [[d.id for d in read_shard(options, s)] for s in shards]
+    assert read == [["0.txt", "1.txt"], ["2.txt", "3.txt"], ["4.txt"]]
+    os.utime(tmp_path / "3.txt", (1_000_000, 1_000_000))
+    assert [s.id == t.id for s, t in zip(shards, plan_shards(options), strict=True)] == [True, False, True]
+
+
+def test_reading_a_shard_of_a_changed_file_refuses(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "a.jsonl", kit.docs(4))
+    options = CorpusOptions(str(path), shard_docs=4)
+    (shard,) = plan_shards(options)
+    kit.write_jsonl(path, kit.docs(2))
+    with pytest.raises(CorpusError, match="changed since"):
+        list(read_shard(options, shard))
+    with pytest.raises(CorpusError, match="4 rows but 2 were read"):
+        list(read_shard(options, shard, verify=False))
+
+
+def test_reading_a_shard_of_a_deleted_file_refuses(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "a.jsonl", kit.docs(4))
+    options = CorpusOptions(str(tmp_path))
+    (shard,) = plan_shards(options)
+    path.unlink()
+    kit.write_jsonl(tmp_path / "b.jsonl", kit.docs(4))
+    with pytest.raises(CorpusError, match="gone"):
+        list(read_shard(options, shard))
+
+
+def test_empty_files_make_no_shards(kit: Any, tmp_path: Path) -> None:
+    kit.write_jsonl(tmp_path / "empty.jsonl", [])
+    kit.write_jsonl(tmp_path / "one.jsonl", kit.docs(1))
+    assert [s.sources for s in plan_shards(CorpusOptions(str(tmp_path)))] == [("one.jsonl",)]
+
+
+def test_shard_docs_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="shard_docs"):
+        plan_shards(CorpusOptions(str(tmp_path), shard_docs=0))
+
+
+def test_planning_a_large_file_holds_no_rows(tmp_path: Path) -> None:
+    rows = 100_000
+    line = b'{"id": "%d", "text": "a short document about nothing in particular"}\n'
+    with (tmp_path / "big.jsonl").open("wb") as stream:
+        for start in range(0, rows, 10_000):
+            stream.write(b"".join(line % i for i in range(start, start + 10_000)))
+    options = CorpusOptions(str(tmp_path / "big.jsonl"), id_field="id", shard_docs=25_000)
+    tracemalloc.start()
+    try:
+        shards = plan_shards(options)
+        last = list(read_shard(options, shards[-1]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [s.size for s in shards] == [25_000] * 4
+    assert (last[0].id, last[-1].id) == ("75000", "99999")
+    assert peak < 16 * 1024 * 1024  # the file is ~7 MB; one shard's documents (~4 MB) fit well below
+
+
+def test_shard_record_is_hashable_and_sized() -> None:
+    shard = Shard("0" * 16, ("a.jsonl",), 10, 25, "jsonl")
+    assert shard.size == 15
+    assert {shard: 1}[shard] == 1
+
+
+def test_text_groups_stop_at_other_files(kit: Any, tmp_path: Path) -> None:
+    for name in ("a.txt", "b.txt", "d.txt"):
+        (tmp_path / name).write_text(name)
+    kit.write_jsonl(tmp_path / "c.jsonl", kit.docs(1))
+    shards = plan_shards(CorpusOptions(str(tmp_path), shard_docs=10))
+    assert [(s.sources, s.start, s.stop) for s in shards] == [
+        (("a.txt", "b.txt"), 0, 2), (("c.jsonl",), 0, 1), (("d.txt",), 2, 3),
+    ]

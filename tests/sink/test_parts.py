@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from teibatch.sink import (
+    Manifest,
+    OutputStore,
+    VectorSchema,
+    WriteOptions,
+    remove_stale,
+    vectors_table,
+    write_part,
+)
+from teibatch.sink.parts import METADATA_KEY
+
+
+@pytest.mark.parametrize("vector_type", [pytest.param("float32", id="f32"), pytest.param("float16", id="f16")])
+def test_vectors_part_schema_and_values(tmp_path: Path, vector_type: str) -> None:
+    schema = VectorSchema(dimension=4, vector_type=vector_type, kept={"title": pa.string()},
+                          metadata={"model_id": "m"})
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    table = vectors_table(schema, ["a", "b", "c"], vectors, ["h1", "h2", "h3"], {"title": ["x", None, "z"]})
+    store = OutputStore(str(tmp_path))
+    relative = write_part(store, "vectors", "s1", table, WriteOptions())
+    read = pq.read_table(tmp_path / relative)
+    expected_type = pa.float16() if vector_type == "float16" else pa.float32()
+    assert read.schema.field("embedding").type == pa.list_(pa.field("item", expected_type, nullable=False), 4)
+    assert read.column("id").to_pylist() == ["a", "b", "c"]
+    assert read.column("title").to_pylist() == ["x", None, "z"]
+    got = np.array(read.column("embedding").to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(got, vectors, rtol=1e-3)
+    meta = orjson.loads(read.schema.metadata[METADATA_KEY])
+    assert meta == {"model_id": "m", "dimension": 4, "vector_type": vector_type}
+
+
+def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:
+    store = OutputStore(str(tmp_path))
+    manifest = Manifest(fingerprint="f", job_name="j")
+    schema = VectorSchema(dimension=2)
+    for shard in ("keep", "gone"):
+        table = vectors_table(schema, [shard], np.ones((1, 2), np.float32), ["h"], {})
+        write_part(store, "vectors", shard, table, WriteOptions())
+        manifest.commit(shard, rows=1, rejects=0, run_id="r1")
+    (tmp_path / "vectors" / ".tmp-abc-part-x.parquet").write_bytes(b"junk")
+    manifest.save(store)
+    loaded = Manifest.load(store)
+    assert loaded is not None
+    assert set(loaded.shards) == {"keep", "gone"}
+    assert loaded.rows == 2
+    assert remove_stale(store, loaded, {"keep"}) == ["gone"]
+    assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == ["part-keep.parquet"]

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from teibatch.errors import JobSpecError
+from teibatch.job import load_job, parse_duration
+
+MINIMAL = """\
+corpus:
+  path: ./docs/*.jsonl
+output:
+  path: ./out
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_minimal_job_gets_every_default(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL))
+    assert job.servers.provider == "local"
+    assert job.servers.count == 2
+    assert job.model.truncate is True
+    assert job.model.normalize is True
+    assert job.corpus.shard_docs == 10_000
+    assert job.corpus.text_field == "text"
+    assert job.client.route == "auto"
+    assert job.client.payload_limit == 2_000_000
+    assert job.output.vector_type == "float32"
+    assert job.output.compression == "zstd"
+
+
+@pytest.mark.parametrize(("text", "key", "line", "words"), [
+    pytest.param(MINIMAL + "colour: red\n", "colour", 5, "unknown key", id="unknown-top-level-key"),
+    pytest.param("corpus:\n  path: x\n  shard_doc: 5\noutput:\n  path: o\n", "corpus.shard_doc", 3,
+                 "unknown key", id="unknown-nested-key"),
+    pytest.param("output:\n  path: o\n", "corpus", None, "required", id="missing-section"),
+    pytest.param("corpus:\n  path: x\n  shard_docs: 0\noutput:\n  path: o\n", "corpus.shard_docs", 3,
+                 "greater than or equal to 1", id="shard-docs-zero"),
+    pytest.param("corpus:\n  path: x\n  format: xml\noutput:\n  path: o\n", "corpus.format", 3,
+                 "jsonl", id="bad-format"),
+    pytest.param(MINIMAL + "servers:\n  provider: static\n", "servers", 5, "servers.urls",
+                 id="static-without-urls"),
+    pytest.param(MINIMAL + "servers:\n  provider: static\n  urls: [ftp://x]\n", "servers.urls", 7,
+                 "http://", id="static-bad-url"),
+    pytest.param(MINIMAL + "limits:\n  max_runtime: soon\n", "limits.max_runtime", 6, "duration",
+                 id="bad-duration"),
+])
+def test_bad_job_names_file_key_and_line(tmp_path: Path, text: str, key: str, line: int | None,
+                                         words: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(JobSpecError) as caught:
+        load_job(path)
+    error = caught.value
+    assert error.key == key
+    assert error.line == line
+    assert error.file == str(path)
+    assert words in str(error)
+    assert str(path) in str(error)
+    assert error.exit_code == 2
+
+
+def test_invalid_yaml_reports_line(tmp_path: Path) -> None:
+    with pytest.raises(JobSpecError, match="not valid YAML") as caught:
+        load_job(write(tmp_path, "corpus:\n  path: [unclosed\noutput: {}\n"))
+    assert caught.value.line == 3
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(JobSpecError, match="cannot read the job file"):
+        load_job(tmp_path / "nope.yaml")
+
+
+def test_env_expansion_with_default_and_missing(tmp_path: Path) -> None:
+    text = "corpus:\n  path: ${CORPUS_DIR}/x.jsonl\noutput:\n  path: ${OUT:-./default-out}\n"
+    job = load_job(write(tmp_path, text), environ={"CORPUS_DIR": "/data"})
+    assert job.corpus.path == "/data/x.jsonl"
+    assert job.output.path == "./default-out"
+    with pytest.raises(JobSpecError, match="CORPUS_DIR is not set") as caught:
+        load_job(write(tmp_path, text), environ={})
+    assert caught.value.key == "corpus.path"
+    assert caught.value.line == 2
+
+
+def test_set_overrides(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.shard_docs=500", "servers.count=4",
+                                               "model.prompt_name=query", "limits.max_runtime=1h30m"])
+    assert job.corpus.shard_docs == 500
+    assert job.servers.count == 4
+    assert job.model.prompt_name == "query"
+    assert job.limits.max_runtime == 5400
+    with pytest.raises(JobSpecError, match=r"key\.path=value"):
+        load_job(write(tmp_path, MINIMAL), ["noequals"])
+    with pytest.raises(JobSpecError, match="unknown key") as caught:
+        load_job(write(tmp_path, MINIMAL), ["corpus.nope=1"])
+    assert caught.value.key == "corpus.nope"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    pytest.param("90", 90, id="bare-seconds"), pytest.param("90s", 90, id="s"),
+    pytest.param("30m", 1800, id="m"), pytest.param("2h", 7200, id="h"),
+    pytest.param("1h30m", 5400, id="h-m"),
+])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_fingerprint_tracks_vector_options(tmp_path: Path) -> None:
+    base = load_job(write(tmp_path, MINIMAL))
+    same = load_job(write(tmp_path, MINIMAL), ["servers.count=5", "corpus.shard_docs=7"])
+    other = load_job(write(tmp_path, MINIMAL), ["model.normalize=false"])
+    assert base.output_fingerprint() == same.output_fingerprint()
+    assert base.output_fingerprint() != other.output_fingerprint()
+
+
+def test_shipped_jobs_are_valid() -> None:
+    for path in sorted((Path(__file__).parent.parent / "jobs").glob("*.yaml")):
+        load_job(path, environ={"TEI_API_KEY": "x"})
