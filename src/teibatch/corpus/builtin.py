@@ -11,17 +11,17 @@ names in sorted order, each object once, and memory addresses (``0x7f...``) are 
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
-import importlib
+import importlib.util
 import inspect
 import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
+from pathlib import Path
 
 from teibatch.errors import CorpusError
 
@@ -33,7 +33,7 @@ MIN_DOC_CHARS = 40
 """Docstrings shorter than this (``"Return self."``, generated dataclass reprs) are left out."""
 
 # Standard-library modules present on CPython 3.10-3.13 on Linux that import without side effects
-# (mostly pure Python, plus a few always-built C modules with rich docstrings).
+# (modules without Python source are skipped when read).
 # Fixed and sorted: the corpus must not depend on what else happens to be installed or imported.
 STDLIB_DOC_MODULES: tuple[str, ...] = (
     "abc", "argparse", "array", "ast", "asyncio.base_events", "asyncio.base_futures", "asyncio.coroutines",
@@ -122,69 +122,70 @@ def _cached(name: str, build: Callable[[], Iterator[dict[str, str]]]) -> Builtin
 
 
 def stdlib_docs() -> Iterator[dict[str, str]]:
-    """Docstrings of ``STDLIB_DOC_MODULES`` then ``pydoc_data`` topics, in a fixed order."""
-    seen: set[int] = set()
+    """Docstrings of ``STDLIB_DOC_MODULES`` then ``pydoc_data`` topics, in a fixed order.
+
+    Docstrings are read from the modules' source files with :mod:`ast`, never from imported
+    objects: what a process has imported or patched (a test runner, a library) must not change
+    the corpus, since the driver and every Ray worker build it independently. Modules without
+    Python source (C extensions) are left out for the same reason.
+    """
     for module_name in STDLIB_DOC_MODULES:
-        with warnings.catch_warnings():  # importing or touching deprecated names (typing.re) warns
-            warnings.simplefilter("ignore")
-            module = _import_quietly(module_name)
-            records = list(_module_docs(module, seen)) if module is not None else []
-        yield from records
+        tree = _parse_module(module_name)
+        if tree is not None:
+            yield from _module_docs(module_name, tree)
     yield from _topics()
 
 
-def _import_quietly(name: str) -> ModuleType | None:
-    """Import a module if this Python has it; ``None`` when it fails to import."""
+def _parse_module(name: str) -> ast.Module | None:
+    """The syntax tree of a stdlib module's source, or ``None`` when this Python has no source for it."""
     try:
-        return importlib.import_module(name)
-    except Exception:  # any module that fails to import is simply left out of the sample
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        source = Path(origin).read_text(encoding="utf-8")
+        with warnings.catch_warnings():  # old modules carry invalid escape sequences
+            warnings.simplefilter("ignore")
+            return ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError):
         return None
 
 
-def _module_docs(module: ModuleType, seen: set[int]) -> Iterator[dict[str, str]]:
-    name = module.__name__
-    record = _record(name, name, module.__doc__, "module")
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _module_docs(name: str, tree: ast.Module) -> Iterator[dict[str, str]]:
+    record = _record(name, name, ast.get_docstring(tree, clean=False), "module")
     if record:
         yield record
-    for attr, obj in _own_members(module, name):
-        if id(obj) in seen:
+    seen: set[str] = set()
+    for node in _public_definitions(tree.body):
+        if node.name in seen:  # a name defined twice at top level: the first definition wins
             continue
-        seen.add(id(obj))
-        qualname = f"{name}.{attr}"
-        record = _record(f"{name}:{attr}", qualname, obj.__doc__, "docstring")
+        seen.add(node.name)
+        record = _record(f"{name}:{node.name}", f"{name}.{node.name}",
+                         ast.get_docstring(node, clean=False), "docstring")
         if record:
             yield record
-        if inspect.isclass(obj):
-            yield from _class_docs(obj, name, attr, seen)
+        if isinstance(node, ast.ClassDef):
+            members: set[str] = set()
+            for member in _public_definitions(node.body):
+                if isinstance(member, ast.ClassDef) or member.name in members:
+                    continue
+                members.add(member.name)
+                record = _record(f"{name}:{node.name}.{member.name}", f"{name}.{node.name}.{member.name}",
+                                 ast.get_docstring(member, clean=False), "docstring")
+                if record:
+                    yield record
 
 
-def _class_docs(cls: type, module: str, cls_name: str, seen: set[int]) -> Iterator[dict[str, str]]:
-    for attr in sorted(vars(cls)):
-        if attr.startswith("_"):
-            continue
-        raw = vars(cls)[attr]
-        obj = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
-        if not (isinstance(obj, property) or inspect.isroutine(obj)):
-            continue
-        doc = obj.__doc__
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        record = _record(f"{module}:{cls_name}.{attr}", f"{module}.{cls_name}.{attr}", doc, "docstring")
-        if record:
-            yield record
-
-
-def _own_members(module: ModuleType, name: str) -> list[tuple[str, Any]]:
-    """Public classes and functions defined in ``module`` itself (not imported into it), sorted."""
-    members = []
-    for attr in sorted(vars(module)):
-        if attr.startswith("_"):
-            continue
-        obj = vars(module)[attr]
-        if (inspect.isclass(obj) or inspect.isroutine(obj)) and getattr(obj, "__module__", None) == name:
-            members.append((attr, obj))
-    return members
+def _public_definitions(body: list[ast.stmt]) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    for node in body:
+        if isinstance(node, _DEFINITIONS) and not node.name.startswith("_"):
+            yield node
 
 
 def _record(doc_id: str, title: str, doc: object, source: str) -> dict[str, str] | None:
@@ -197,8 +198,10 @@ def _record(doc_id: str, title: str, doc: object, source: str) -> dict[str, str]
 
 
 def _topics() -> Iterator[dict[str, str]]:
-    topics = _import_quietly("pydoc_data.topics")
-    table = getattr(topics, "topics", {}) if topics is not None else {}
+    try:
+        from pydoc_data.topics import topics as table
+    except ImportError:  # some distributions strip pydoc_data
+        return
     for name in sorted(table):
         record = _record(f"topic:{name}", name, table[name], "topic")
         if record:

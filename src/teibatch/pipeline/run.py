@@ -19,7 +19,7 @@ import ray
 from teibatch import __version__
 from teibatch.corpus import Shard, keep_field_types, plan_shards
 from teibatch.errors import RunIncomplete, SinkError, TeiAuthError, TeibatchError, WrongModelKind
-from teibatch.fleet import running
+from teibatch.fleet import Provider, running
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
@@ -100,6 +100,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     started = time.monotonic()
     store = OutputStore(job.output.path, job.output.storage_options)
     manifest = _open_manifest(store, job)
+    provider = provider_for(job)  # checks the servers section (API key variable set) before any work
     shards = plan_shards(job.corpus_options())
     live = {s.id for s in shards}
     pending = [s for s in shards if s.id not in manifest.shards]
@@ -112,7 +113,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     try:
         with _terminate_as_interrupt():
             if pending:
-                _embed_pending(job, pending, manifest, store, summary, reporter, ray_address)
+                _embed_pending(job, provider, pending, manifest, store, summary, reporter, ray_address)
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except KeyboardInterrupt:
         summary.status = "interrupted"
@@ -148,12 +149,11 @@ def _open_manifest(store: OutputStore, job: JobSpec) -> Manifest:
     return manifest
 
 
-def _embed_pending(job: JobSpec, pending: list[Shard], manifest: Manifest, store: OutputStore,
-                   summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
+def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard], manifest: Manifest,
+                   store: OutputStore, summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions)
-    provider = provider_for(job)
     clock = time.monotonic()
     with running(provider) as endpoints:
         reporter.message(f"{len(endpoints)} {provider.name} server(s) ready")

@@ -13,6 +13,7 @@ not 413. aiohttp's own body limit is switched off: :mod:`teibatch.server.bodies`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -102,6 +103,9 @@ def create_app(config: ServerConfig, backend: Backend | None = None) -> web.Appl
     The batching task starts with the app (``on_startup``) and stops with it (``on_cleanup``).
     """
     backend = backend if backend is not None else load_backend(config)
+    model_limit = getattr(backend, "max_input_length", None)
+    if model_limit is not None and model_limit < config.max_input_length:
+        config = replace(config, max_input_length=model_limit)  # TEI takes it from the model
     metrics = Metrics(record_texts=config.record_texts)
     state = ServerState(config=config, backend=backend, metrics=metrics,
                         queue=BatchQueue(backend, config, metrics),

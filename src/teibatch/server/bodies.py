@@ -89,7 +89,7 @@ def _syntax_message(body: bytes, exc: orjson.JSONDecodeError) -> str:
     if not body.strip() or "unexpected end" in exc.msg.lower() or "eof" in exc.msg.lower():
         lines = body.decode("utf-8", "replace").split("\n")
         return f"EOF while parsing a value at line {len(lines)} column {len(lines[-1])}"
-    if "trailing" in exc.msg.lower():
+    if "trailing" in exc.msg.lower() or "after document" in exc.msg.lower():
         return f"trailing characters {where}"
     if "utf-8" in exc.msg.lower():
         return f"invalid unicode code point {where}"
@@ -126,7 +126,7 @@ class _Fields:
             raise data_error("", f"missing field `{name}`")
         return self.value[name]
 
-    def bool(self, name: str, default: bool | None, *, nullable: bool = False) -> bool | None:
+    def boolean(self, name: str, default: bool | None, *, nullable: bool = False) -> bool | None:
         value = self.value.get(name, default)
         if value is None and (nullable or name not in self.value):
             return default
@@ -210,10 +210,10 @@ def parse_embed(value: Any, struct: str = "EmbedRequest") -> EmbedParams:
     """An ``EmbedRequest`` (or ``EmbedSparseRequest``/``EmbedAllRequest``; extra fields are ignored)."""
     fields = _Fields(value, struct)
     items, is_batch = parse_input(fields.required("inputs"), "inputs")
-    normalize = fields.bool("normalize", True)
+    normalize = fields.boolean("normalize", True)
     return EmbedParams(
         items=items, is_batch=is_batch,
-        truncate=fields.bool("truncate", None, nullable=True),
+        truncate=fields.boolean("truncate", None, nullable=True),
         direction=fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
         prompt_name=fields.string("prompt_name"),
         normalize=bool(normalize),
@@ -261,10 +261,10 @@ def parse_rerank(value: Any) -> RerankParams:
     texts = _string_list(fields.required("texts"), "texts")
     return RerankParams(
         query=str(query), texts=texts,
-        truncate=fields.bool("truncate", None, nullable=True),
+        truncate=fields.boolean("truncate", None, nullable=True),
         direction=fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
-        raw_scores=bool(fields.bool("raw_scores", False)),
-        return_text=bool(fields.bool("return_text", False)),
+        raw_scores=bool(fields.boolean("raw_scores", False)),
+        return_text=bool(fields.boolean("return_text", False)),
     )
 
 
@@ -288,7 +288,7 @@ def parse_tokenize(value: Any) -> TokenizeParams:
         texts, is_batch = list(inputs), True
     else:
         raise data_error("inputs", "data did not match any variant of untagged enum TokenizeInput")
-    return TokenizeParams(texts, is_batch, bool(fields.bool("add_special_tokens", True)),
+    return TokenizeParams(texts, is_batch, bool(fields.boolean("add_special_tokens", True)),
                           fields.string("prompt_name"))
 
 
@@ -313,7 +313,7 @@ def parse_decode(value: Any) -> DecodeParams:
         if any(b is None for b in batch):
             raise data_error("ids", "data did not match any variant of untagged enum InputIds")
         ids, is_batch = [b for b in batch if b is not None], True
-    return DecodeParams(ids, is_batch, bool(fields.bool("skip_special_tokens", True)))
+    return DecodeParams(ids, is_batch, bool(fields.boolean("skip_special_tokens", True)))
 
 
 @dataclass(frozen=True)
@@ -348,9 +348,9 @@ def parse_predict(value: Any) -> PredictParams:
         if any(b is None for b in batch):
             raise data_error("inputs", "data did not match any variant of untagged enum PredictInput")
         inputs, is_batch = [b for b in batch if b is not None], True
-    return PredictParams(inputs, is_batch, fields.bool("truncate", None, nullable=True),
+    return PredictParams(inputs, is_batch, fields.boolean("truncate", None, nullable=True),
                          fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
-                         bool(fields.bool("raw_scores", False)))
+                         bool(fields.boolean("raw_scores", False)))
 
 
 @dataclass(frozen=True)
@@ -372,6 +372,6 @@ def parse_similarity(value: Any) -> SimilarityParams:
     sentences = _string_list(inputs.required("sentences"), "inputs.sentences")
     parameters = value.get("parameters")
     params = _Fields(parameters if parameters is not None else {}, "SimilarityParameters")
-    return SimilarityParams(str(source), sentences, params.bool("truncate", None, nullable=True),
+    return SimilarityParams(str(source), sentences, params.boolean("truncate", None, nullable=True),
                             params.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
                             params.string("prompt_name"))

@@ -99,8 +99,8 @@ async def serve(config: ServerConfig, *, ready_file: str | os.PathLike[str] | No
             on_ready(url)
         await stop.wait()
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        for signum in installed:
+            loop.remove_signal_handler(signum)
         await runner.cleanup()
     return EXIT_FAULT if faulted else 0
 

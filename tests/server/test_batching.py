@@ -1,0 +1,86 @@
+"""The queue packs inputs from all requests up to max_batch_tokens; the capacity model paces batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from teibatch.server.backends.hashing import HashingEmbedder
+from teibatch.server.batching import BatchQueue
+from teibatch.server.config import ServerConfig
+from teibatch.server.metrics import Metrics
+
+
+async def _run(config: ServerConfig, requests: list[list[str]], backend: object = None) -> tuple[Metrics, float]:
+    metrics = Metrics()
+    queue = BatchQueue(backend or HashingEmbedder(16), config, metrics)  # type: ignore[arg-type]
+    queue.start()
+    started = time.perf_counter()
+    try:
+        jobs = [queue.submit("embed", texts, [5] * len(texts)) for texts in requests]
+        await asyncio.wait_for(asyncio.gather(*(j.future for js in jobs for j in js)), 10)
+    finally:
+        await queue.stop()
+    return metrics, time.perf_counter() - started
+
+
+def test_inputs_of_many_requests_share_batches_up_to_max_batch_tokens() -> None:
+    config = ServerConfig(max_batch_tokens=20, max_input_length=20)
+    metrics, _ = asyncio.run(_run(config, [["a"] * 3, ["b"] * 3, ["c"] * 3]))
+    # 9 inputs of 5 tokens, 4 per batch -> 3 batches (4, 4, 1).
+    assert metrics.batches == 3
+    sizes = metrics.histograms["te_batch_next_size"][()]
+    assert (sizes.count, sizes.sum) == (3, 9)
+
+
+def test_max_batch_requests_caps_a_batch() -> None:
+    metrics, _ = asyncio.run(_run(ServerConfig(max_batch_requests=2), [["a"] * 5]))
+    assert metrics.batches == 3
+
+
+def test_capacity_model_paces_batches() -> None:
+    # 4 batches of 4 x 5 tokens at 400 tokens/s + 10 ms overhead = 4 x 60 ms.
+    config = ServerConfig(max_batch_tokens=20, max_input_length=20, simulate_gpu=400.0, batch_overhead_s=0.01)
+    _, elapsed = asyncio.run(_run(config, [["a"] * 16]))
+    assert 0.23 <= elapsed < 0.6
+
+
+class _Broken:
+    dimension, heavy = 4, False
+    tokenizer = HashingEmbedder(4).tokenizer
+
+    def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+def test_a_backend_failure_fails_every_input_of_the_batch() -> None:
+    from teibatch.server.responses import ApiError
+
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(_run(ServerConfig(), [["a", "b"]], backend=_Broken()))
+    assert (caught.value.status, caught.value.error_type, caught.value.message) == (
+        424, "Backend", "Backend error: CUDA error: device-side assert triggered")
+
+
+def test_queue_size_metric_shows_waiting_inputs() -> None:
+    from teibatch.server.testing import running_server
+
+    with running_server(simulate_gpu=200.0, max_batch_tokens=10, batch_overhead_s=0.0) as url, \
+            httpx.Client(base_url=url, timeout=10) as c:
+        import threading
+
+        thread = threading.Thread(target=c.post, args=("/embed",), kwargs={"json": {"inputs": ["a"] * 8}})
+        thread.start()
+        seen = 0
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not seen:
+            for line in c.get("/metrics").text.splitlines():
+                if line.startswith("te_queue_size "):
+                    seen = int(float(line.split()[1]))
+            time.sleep(0.01)
+        thread.join(10)
+    assert seen > 0

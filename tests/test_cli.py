@@ -1,0 +1,109 @@
+"""The ``teibatch`` command: exit codes, messages, the quickstart."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from teibatch import __version__
+from teibatch.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_job(tmp_path: Path, **spec: object) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert __version__ in result.output
+
+
+def test_every_command_has_help_with_examples() -> None:
+    for command in ("run", "validate", "serve"):
+        result = CliRunner().invoke(main, [command, "--help"])
+        assert result.exit_code == 0, command
+        assert "Example" in result.output, command
+
+
+def test_validate_prints_defaults(tmp_path: Path) -> None:
+    path = write_job(tmp_path, corpus={"path": "x.jsonl"}, output={"path": "out"})
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0
+    shown = yaml.safe_load(result.stdout)
+    assert shown["servers"] == {"provider": "local", "count": 2, "urls": [], "api_key_env": None,
+                                "server_args": [], "startup_timeout": 60.0}
+
+
+@pytest.mark.parametrize("command", [pytest.param("validate", id="validate"), pytest.param("run", id="run")])
+def test_bad_job_exits_2_naming_file_key_and_line(tmp_path: Path, command: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("corpus:\n  path: x\n  text_feild: body\noutput:\n  path: o\n")
+    result = CliRunner().invoke(main, [command, str(path)])
+    assert result.exit_code == 2
+    assert f"error: {path}:3: corpus.text_feild: unknown key" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_unset_api_key_variable_exits_2_before_anything_starts(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "nowhere")}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "static", "urls": ["http://127.0.0.1:9"], "api_key_env": "NO_SUCH_KEY_VAR"})
+    result = CliRunner().invoke(main, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "NO_SUCH_KEY_VAR is not set" in result.stderr
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_run_with_no_server_answering_exits_1(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "a.jsonl")}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "static", "urls": [f"http://127.0.0.1:{free_port()}"],
+                              "startup_timeout": 1})
+    result = CliRunner().invoke(main, ["run", str(path), "--quiet"])
+    assert result.exit_code == 1
+    assert "answered /health" in result.stderr
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_fail_on_rejects_exits_1(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text('{"text": "x"}\n{"text": ""}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c")}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "local", "count": 1})
+    plain = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert plain.exit_code == 0, plain.output
+    assert "1 documents embedded, 1 rejected (empty_text: 1)" in plain.stdout
+    strict = CliRunner().invoke(main, ["run", str(path), "-q", "--fail-on-rejects",
+                                       "--set", f"output.path={tmp_path / 'out2'}"])
+    assert strict.exit_code == 1
+    assert "1 documents were rejected" in strict.stderr
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_quickstart_job(tmp_path: Path) -> None:
+    out = tmp_path / "quickstart"
+    result = CliRunner().invoke(main, ["run", str(REPO / "jobs" / "quickstart.yaml"),
+                                       "--set", f"output.path={out}"])
+    assert result.exit_code == 0, result.output
+    assert "embedding" in result.stderr  # progress, as plain lines when not on a terminal
+    assert result.stdout.startswith("done: ")
+    table = ds.dataset(out / "vectors").to_table(columns=["id", "title", "source"])
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)) > 3000
