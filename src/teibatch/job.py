@@ -131,7 +131,7 @@ class JobSpec(_Section):
     servers: ServersSection = ServersSection()
     client: ClientSection = ClientSection()
     output: OutputSection
-    mode: Literal["full"] = "full"
+    mode: Literal["full", "incremental"] = "full"
     limits: LimitsSection = LimitsSection()
 
     def corpus_options(self) -> CorpusOptions:

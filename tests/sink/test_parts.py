@@ -41,7 +41,7 @@ def test_vectors_part_schema_and_values(tmp_path: Path, vector_type: str) -> Non
 
 def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:
     store = OutputStore(str(tmp_path))
-    manifest = Manifest(fingerprint="f", job_name="j")
+    manifest = Manifest(fingerprint="f", job_name="j", planned=["keep", "gone", "todo"])
     schema = VectorSchema(dimension=2)
     for shard in ("keep", "gone"):
         table = vectors_table(schema, [shard], np.ones((1, 2), np.float32), ["h"], {})
@@ -53,5 +53,6 @@ def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:
     assert loaded is not None
     assert set(loaded.shards) == {"keep", "gone"}
     assert loaded.rows == 2
+    assert loaded.pending == ["todo"]
     assert remove_stale(store, loaded, {"keep"}) == ["gone"]
     assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == ["part-keep.parquet"]

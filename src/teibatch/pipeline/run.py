@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -54,7 +55,9 @@ class RunSummary:
     shards_failed: int = 0
     documents_read: int = 0
     embedded: int = 0
+    reused: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    nodes: Counter[str] = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -66,8 +69,11 @@ class RunSummary:
     def add(self, outcome: ShardOutcome) -> None:
         self.shards_committed += 1
         self.documents_read += outcome.read
-        self.embedded += outcome.rows
+        self.embedded += outcome.rows - outcome.reused
+        self.reused += outcome.reused
         self.rejected.update(outcome.reject_reasons)
+        if outcome.node:
+            self.nodes[outcome.node] += 1
         for url, stats in outcome.servers.items():
             total = self.servers.setdefault(url, {"requests": 0, "inputs": 0, "retries": 0, "errors": {}})
             for key in ("requests", "inputs", "retries"):
@@ -82,7 +88,9 @@ class RunSummary:
             "shards": {"total": self.shards_total, "skipped_committed": self.shards_skipped,
                        "committed": self.shards_committed, "failed": self.shards_failed},
             "documents": {"read": self.documents_read, "embedded": self.embedded,
-                          "rejected": self.rejected_total, "rejected_by_reason": dict(sorted(self.rejected.items()))},
+                          "skipped_unchanged": self.reused, "rejected": self.rejected_total,
+                          "rejected_by_reason": dict(sorted(self.rejected.items()))},
+            "shards_per_node": dict(sorted(self.nodes.items())),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,
@@ -104,6 +112,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     shards = plan_shards(job.corpus_options())
     live = {s.id for s in shards}
     pending = [s for s in shards if s.id not in manifest.shards]
+    manifest.planned = [s.id for s in shards]
     summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
     summary.timings["plan_s"] = time.monotonic() - started
     remove_uncommitted_temp(store)
@@ -113,7 +122,8 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     try:
         with _terminate_as_interrupt():
             if pending:
-                _embed_pending(job, provider, pending, manifest, store, summary, reporter, ray_address)
+                previous = _previous_parts(job, manifest, live)
+                _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, ray_address)
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except KeyboardInterrupt:
         summary.status = "interrupted"
@@ -149,8 +159,20 @@ def _open_manifest(store: OutputStore, job: JobSpec) -> Manifest:
     return manifest
 
 
-def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard], manifest: Manifest,
-                   store: OutputStore, summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
+def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
+    """Incremental mode: where an earlier run wrote the documents of a shard that changed."""
+    stale = Manifest(manifest.fingerprint, manifest.job_name,
+                     shards={sid: e for sid, e in manifest.shards.items() if sid not in live})
+
+    def previous(shard: Shard) -> tuple[str, ...]:
+        return tuple(stale.parts_reading(shard.sources)) if job.mode == "incremental" else ()
+
+    return previous
+
+
+def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
+                   previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
+                   summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions)
@@ -167,7 +189,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard], manif
             context = _context(job, fleet, options, in_flight)
             clock = time.monotonic()
             reporter.start(len(pending), sum(s.size for s in pending))
-            _schedule(pending, context, in_flight, manifest, store, summary, reporter, job)
+            _schedule(pending, previous, context, in_flight, manifest, store, summary, reporter, job)
             summary.timings["embed_s"] = time.monotonic() - clock
 
 
@@ -199,10 +221,17 @@ def _shards_in_flight(job: JobSpec) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def _schedule(pending: list[Shard], context: ShardContext, in_flight: int, manifest: Manifest,
-              store: OutputStore, summary: RunSummary, reporter: Reporter, job: JobSpec) -> None:
+def _shard_task(shard: Shard, context: ShardContext, previous: tuple[str, ...]) -> ShardOutcome:
+    outcome = process_shard(shard, context, previous)
+    return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
+
+
+def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
+              in_flight: int, manifest: Manifest, store: OutputStore, summary: RunSummary, reporter: Reporter,
+              job: JobSpec) -> None:
     """Keep ``in_flight`` shard tasks running; commit each one as it finishes."""
-    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(process_shard)
+    # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
+    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(_shard_task)
     context_ref = ray.put(context)
     queue = list(reversed(pending))
     running_refs: dict[ray.ObjectRef, Shard] = {}
@@ -211,7 +240,7 @@ def _schedule(pending: list[Shard], context: ShardContext, in_flight: int, manif
         while queue or running_refs:
             while queue and len(running_refs) < in_flight:
                 shard = queue.pop()
-                running_refs[task.remote(shard, context_ref)] = shard
+                running_refs[task.remote(shard, context_ref, previous(shard))] = shard
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=timeout)
             if not done:
@@ -231,7 +260,7 @@ def _schedule(pending: list[Shard], context: ShardContext, in_flight: int, manif
                     reporter.message(f"shard {shard.id} failed: {_cause(exc)}")
                     reporter.advance(1, shard.size)
                     continue
-                manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id)
+                manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
                 manifest.save(store)
                 summary.add(outcome)
                 reporter.advance(1, shard.size)

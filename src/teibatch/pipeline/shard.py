@@ -12,7 +12,7 @@ import numpy as np
 
 from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
 from teibatch.pipeline.context import ShardContext
-from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, rejects_table, vectors_table, write_part
+from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
 from teibatch.tei import EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
 
 
@@ -24,41 +24,59 @@ class ShardOutcome:
     read: int
     rows: int
     rejects: int
+    reused: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     servers: dict[str, dict[str, object]] = field(default_factory=dict)
+    node: str | None = None
 
 
-def process_shard(shard: Shard, context: ShardContext) -> ShardOutcome:
-    """Embed ``shard`` and write ``vectors/`` and ``rejects/`` parts; raise if it cannot finish."""
+def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str, ...] = ()) -> ShardOutcome:
+    """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts; raise if it cannot finish.
+
+    ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
+    document whose id and content hash are found there keeps its vector and is not sent again.
+    """
     started = time.monotonic()
     documents: list[Document] = []
     rejects: list[Reject] = []
     for item in read_shard(context.corpus, shard):
-        if isinstance(item, Document):
-            documents.append(item)
-        else:
-            rejects.append(item)
+        (documents if isinstance(item, Document) else rejects).append(item)  # type: ignore[arg-type]
     read = len(documents) + len(rejects)
-    result, server_stats = asyncio.run(_embed([d.text for d in documents], context))
-    for failure in result.failures:
-        document = documents[failure.position]
-        rejects.append(Reject(document.id, failure.reason, failure.detail))
-    kept_documents = [d for d, ok in zip(documents, result.ok, strict=True) if ok]
+    hashes = [content_hash(d.text, context.hash_options) for d in documents]
     store = OutputStore(context.output, context.output_options)
+    known = read_vectors(store, previous_parts, {d.id for d in documents}) if previous_parts else {}
+    vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
+    ok = np.zeros(len(documents), dtype=bool)
+    to_embed = []
+    for position, (document, digest) in enumerate(zip(documents, hashes, strict=True)):
+        previous = known.get(document.id)
+        if previous is not None and previous[0] == digest:
+            vectors[position], ok[position] = previous[1], True
+        else:
+            to_embed.append(position)
+    reused = len(documents) - len(to_embed)
+    server_stats: dict[str, dict[str, object]] = {}
+    if to_embed:
+        result, server_stats = asyncio.run(_embed([documents[p].text for p in to_embed], context))
+        positions = np.asarray(to_embed, dtype=np.int64)
+        vectors[positions] = result.vectors
+        ok[positions] = result.ok
+        rejects += [Reject(documents[to_embed[f.position]].id, f.reason, f.detail) for f in result.failures]
+    kept = [position for position in range(len(documents)) if ok[position]]
     # Rejects first: the vectors part is the one a reader sees, so it comes last.
     write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
                                                            [r.detail for r in rejects]), context.write)
     table = vectors_table(
         context.schema,
-        ids=[d.id for d in kept_documents],
-        vectors=result.vectors[result.ok] if len(documents) else np.zeros((0, context.schema.dimension)),
-        hashes=[content_hash(d.text, context.hash_options) for d in kept_documents],
-        kept={name: [d.fields.get(name) for d in kept_documents] for name in context.schema.kept},
+        ids=[documents[p].id for p in kept],
+        vectors=vectors[kept],
+        hashes=[hashes[p] for p in kept],
+        kept={name: [documents[p].fields.get(name) for p in kept] for name in context.schema.kept},
     )
     write_part(store, VECTORS_DIR, shard.id, table, context.write)
     return ShardOutcome(
-        shard_id=shard.id, read=read, rows=len(kept_documents), rejects=len(rejects),
+        shard_id=shard.id, read=read, rows=len(kept), rejects=len(rejects), reused=reused,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, servers=server_stats,
     )

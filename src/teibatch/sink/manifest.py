@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from teibatch.errors import SinkError
-from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, shard_of
+from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, part_name, shard_of
 from teibatch.sink.store import TEMP_MARK, OutputStore
 
 MANIFEST = "_manifest.json"
@@ -30,10 +30,11 @@ class ShardEntry:
     rejects: int
     run_id: str
     committed_at: str
+    sources: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": self.rows, "rejects": self.rejects, "run_id": self.run_id,
-                "committed_at": self.committed_at}
+                "committed_at": self.committed_at, "sources": list(self.sources)}
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Manifest:
     info: dict[str, Any] = field(default_factory=dict)
     shards: dict[str, ShardEntry] = field(default_factory=dict)
     runs: list[str] = field(default_factory=list)
+    planned: list[str] = field(default_factory=list)
+    """The shard ids of the corpus as the latest run planned it: committed or still pending."""
 
     @classmethod
     def load(cls, store: OutputStore) -> Manifest | None:
@@ -55,30 +58,44 @@ class Manifest:
             if data.get("format") != MANIFEST_FORMAT:
                 raise SinkError(f"{store.url}/{MANIFEST} has format {data.get('format')!r}; "
                                 f"this teibatch reads format {MANIFEST_FORMAT}")
-            shards = {sid: ShardEntry(**entry) for sid, entry in data["shards"].items()}
+            shards = {sid: ShardEntry(**{**entry, "sources": tuple(entry.get("sources", ()))})
+                      for sid, entry in data["shards"].items()}
             return cls(fingerprint=data["fingerprint"], job_name=data["job"], info=data.get("info", {}),
-                       shards=shards, runs=list(data.get("runs", [])))
+                       shards=shards, runs=list(data.get("runs", [])), planned=list(data.get("planned", [])))
         except (KeyError, TypeError, AttributeError) as exc:
             raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
                             "restore it or start a new output path") from exc
 
-    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str) -> None:
-        self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now())
+    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = ()) -> None:
+        self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now(),
+                                           sources=sources)
+
+    def parts_reading(self, sources: tuple[str, ...]) -> list[str]:
+        """Vectors parts of committed shards that read any of ``sources``: where their documents were."""
+        wanted = set(sources)
+        return [f"{VECTORS_DIR}/{part_name(sid)}" for sid, entry in sorted(self.shards.items())
+                if wanted.intersection(entry.sources)]
+
+    @property
+    def pending(self) -> list[str]:
+        """Planned shards not committed yet."""
+        return [sid for sid in self.planned if sid not in self.shards]
 
     def save(self, store: OutputStore) -> None:
         store.write_json(MANIFEST, {
             "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
-            "info": self.info, "runs": self.runs, "updated_at": utc_now(),
+            "info": self.info, "runs": self.runs, "updated_at": utc_now(), "planned": self.planned,
             "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
         })
 
     @property
     def rows(self) -> int:
-        return sum(entry.rows for entry in self.shards.values())
+        """Vectors in the committed planned shards (the current view once a run has finished)."""
+        return sum(self.shards[sid].rows for sid in self.planned if sid in self.shards)
 
     @property
     def rejects(self) -> int:
-        return sum(entry.rejects for entry in self.shards.values())
+        return sum(self.shards[sid].rejects for sid in self.planned if sid in self.shards)
 
 
 def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list[str]:

@@ -80,6 +80,31 @@ def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Tabl
     return relative
 
 
+def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str]) -> dict[str, tuple[str, np.ndarray]]:
+    """``id → (content_hash, vector)`` for the rows of ``parts`` (relative paths) whose id is in ``ids``.
+
+    Parts that have disappeared are skipped: reuse is an optimisation, never a requirement.
+    """
+    found: dict[str, tuple[str, np.ndarray]] = {}
+    for relative in parts:
+        try:
+            with store.fs.open(store.path(relative), "rb") as handle:
+                table = pq.read_table(handle, columns=["id", "content_hash", "embedding"])
+        except FileNotFoundError:
+            continue
+        part_ids = table.column("id").to_pylist()
+        wanted = [i for i, doc_id in enumerate(part_ids) if doc_id in ids]
+        if not wanted:
+            continue
+        table = table.take(wanted)
+        embedding = table.column("embedding").combine_chunks()
+        vectors = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
+        hashes = table.column("content_hash").to_pylist()
+        for row, doc_id in enumerate(table.column("id").to_pylist()):
+            found[doc_id] = (hashes[row], vectors[row].astype(np.float32))
+    return found
+
+
 def shard_of(name: str) -> str | None:
     """The shard id in a part file name, or ``None`` for other files."""
     if name.startswith("part-") and name.endswith(".parquet"):
