@@ -35,7 +35,7 @@ def test_version() -> None:
 
 
 def test_every_command_has_help_with_examples() -> None:
-    for command in ("run", "validate", "serve"):
+    for command in ("run", "validate", "serve", "status"):
         result = CliRunner().invoke(main, [command, "--help"])
         assert result.exit_code == 0, command
         assert "Example" in result.output, command
@@ -107,3 +107,24 @@ def test_quickstart_job(tmp_path: Path) -> None:
     table = ds.dataset(out / "vectors").to_table(columns=["id", "title", "source"])
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)) > 3000
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_status_table_and_json(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text("".join(f'{{"text": "doc {i}"}}\n' for i in range(12)) + '{"text": ""}\n')
+    out = tmp_path / "out"
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c"), "shard_docs": 5},
+                     output={"path": str(out)}, servers={"provider": "local", "count": 1})
+    assert CliRunner().invoke(main, ["run", str(path), "-q"]).exit_code == 0
+    as_json = CliRunner().invoke(main, ["status", str(out), "--json"])
+    assert as_json.exit_code == 0
+    state = yaml.safe_load(as_json.stdout)
+    assert state["shards"] == {"planned": 3, "committed": 3, "pending": 0, "stale": 0}
+    assert state["documents"] == {"vectors": 12, "rejects": 1}
+    assert state["last_run"]["status"] == "done"
+    table = CliRunner().invoke(main, ["status", str(out)])
+    assert "3 committed, 0 pending of 3" in table.stdout
+    missing = CliRunner().invoke(main, ["status", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1
+    assert "no _manifest.json" in missing.stderr

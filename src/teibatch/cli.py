@@ -118,6 +118,41 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     click.secho(f"{job_file}: valid", fg="green", err=True)
 
 
+@main.command()
+@click.argument("output")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@_handle_errors
+def status(output: str, as_json: bool) -> None:
+    """Show an output's state: shards committed and pending, vectors, rejects, the last run.
+
+    \b
+    Examples:
+      teibatch status out/quickstart
+      teibatch status s3://bucket/vectors/nightly --json
+    """
+    import orjson
+    from rich.console import Console
+    from rich.table import Table
+
+    from teibatch.sink import OutputStore, output_status
+
+    state = output_status(OutputStore(output))
+    if as_json:
+        click.echo(orjson.dumps(state, option=orjson.OPT_INDENT_2).decode())
+        return
+    table = Table(show_header=False, box=None)
+    shards, docs, last = state["shards"], state["documents"], state["last_run"] or {}
+    rows = [("output", state["output"]), ("job", state["job"]),
+            ("model", f"{state['model_id']} ({state['dimension']} dimensions)"),
+            ("shards", f"{shards['committed']} committed, {shards['pending']} pending of {shards['planned']}"
+                       + (f" ({shards['stale']} stale, removed when a run finishes)" if shards["stale"] else "")),
+            ("vectors", f"{docs['vectors']:,}"), ("rejects", f"{docs['rejects']:,}"),
+            ("last run", f"{last.get('run_id')} {last.get('status')}" if last else "-")]
+    for key, value in rows:
+        table.add_row(f"[bold]{key}[/]", str(value))
+    Console().print(table)
+
+
 def _register_serve() -> None:
     from teibatch.server.cli import serve
 

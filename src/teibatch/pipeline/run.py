@@ -19,6 +19,7 @@ import ray
 
 from teibatch import __version__
 from teibatch.corpus import Shard, keep_field_types, plan_shards
+from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import RunIncomplete, SinkError, TeiAuthError, TeibatchError, WrongModelKind
 from teibatch.fleet import Provider, running
 from teibatch.job import JobSpec
@@ -115,6 +116,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     manifest.planned = [s.id for s in shards]
     summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
     summary.timings["plan_s"] = time.monotonic() - started
+    crashpoint("plan")
     remove_uncommitted_temp(store)
     manifest.runs.append(summary.run_id)
     if summary.shards_skipped:
@@ -232,6 +234,8 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
     """Keep ``in_flight`` shard tasks running; commit each one as it finishes."""
     # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
     task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(_shard_task)
+    if crash_settings := task_environment():
+        task = task.options(runtime_env={"env_vars": crash_settings})
     context_ref = ray.put(context)
     queue = list(reversed(pending))
     running_refs: dict[ray.ObjectRef, Shard] = {}
@@ -262,6 +266,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
                     continue
                 manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
                 manifest.save(store)
+                crashpoint("commit")
                 summary.add(outcome)
                 reporter.advance(1, shard.size)
     finally:

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 
 from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
+from teibatch.crashpoints import crashpoint
 from teibatch.pipeline.context import ShardContext
 from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
 from teibatch.tei import EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
@@ -67,6 +68,7 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
     # Rejects first: the vectors part is the one a reader sees, so it comes last.
     write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
                                                            [r.detail for r in rejects]), context.write)
+    crashpoint("shard-write")
     table = vectors_table(
         context.schema,
         ids=[documents[p].id for p in kept],

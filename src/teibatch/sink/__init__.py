@@ -12,6 +12,7 @@ from teibatch.sink.parts import (
     write_part,
 )
 from teibatch.sink.report import RUNS_DIR, latest_report, write_report
+from teibatch.sink.status import output_status
 from teibatch.sink.store import OutputStore
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "VectorSchema",
     "WriteOptions",
     "latest_report",
+    "output_status",
     "read_vectors",
     "rejects_table",
     "remove_stale",

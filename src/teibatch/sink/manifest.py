@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
+import orjson
+
+from teibatch.crashpoints import crashpoint
 from teibatch.errors import SinkError
 from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, part_name, shard_of
 from teibatch.sink.store import TEMP_MARK, OutputStore
@@ -82,11 +85,20 @@ class Manifest:
         return [sid for sid in self.planned if sid not in self.shards]
 
     def save(self, store: OutputStore) -> None:
-        store.write_json(MANIFEST, {
+        """Replace ``_manifest.json`` atomically: a crash leaves the old one or the new one, whole."""
+        blob = orjson.dumps({
             "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
             "info": self.info, "runs": self.runs, "updated_at": utc_now(), "planned": self.planned,
             "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
-        })
+        }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+
+        def write(handle: IO[bytes]) -> None:
+            handle.write(blob[: len(blob) // 2])
+            handle.flush()
+            crashpoint("manifest-write")
+            handle.write(blob[len(blob) // 2:])
+
+        store.write_atomic(MANIFEST, write)
 
     @property
     def rows(self) -> int:

@@ -1,0 +1,32 @@
+"""The state of an output, for ``teibatch status``: shards done and pending, documents, last run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from teibatch.errors import SinkError
+from teibatch.sink.manifest import MANIFEST, Manifest
+from teibatch.sink.report import latest_report
+from teibatch.sink.store import OutputStore
+
+
+def output_status(store: OutputStore) -> dict[str, Any]:
+    """Shards planned / committed / pending, vectors and rejects in the current view, the last run."""
+    manifest = Manifest.load(store)
+    if manifest is None:
+        raise SinkError(f"{store.url} has no {MANIFEST}: no run has written there yet")
+    committed = [sid for sid in manifest.planned if sid in manifest.shards]
+    report = latest_report(store) or {}
+    return {
+        "output": store.url,
+        "job": manifest.job_name,
+        "model_id": manifest.info.get("model_id"),
+        "dimension": manifest.info.get("dimension"),
+        "shards": {"planned": len(manifest.planned), "committed": len(committed),
+                   "pending": len(manifest.pending),
+                   "stale": len(set(manifest.shards) - set(manifest.planned))},
+        "documents": {"vectors": manifest.rows, "rejects": manifest.rejects},
+        "runs": len(manifest.runs),
+        "last_run": {key: report.get(key) for key in ("run_id", "status", "documents", "timings", "errors")}
+        if report else None,
+    }

@@ -1,0 +1,109 @@
+"""Kill the driver (SIGKILL) early, in the middle, during a commit; kill a worker; resume.
+
+Each time the final output must equal an uninterrupted run's, row for row, with no duplicate
+and no temporary file left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+import ray
+import yaml
+
+from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
+from tests.conftest import write_jsonl
+
+RUN_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("crash") / "corpus"
+    for f in range(6):
+        write_jsonl(root / f"f{f}.jsonl", [{"id": f"{f}-{i}", "text": f"text {i} of file {f}", "n": str(i)}
+                                          for i in range(20)])
+    (root / "f6.jsonl").write_text('{"id": "bad", "text": ""}\n{"id": "good", "text": "fine"}\n')
+    return root
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_session: None) -> Iterator[str]:
+    yield ray.get_runtime_context().gcs_address
+
+
+def write_job(tmp_path: Path, corpus: Path, out: Path) -> Path:
+    spec = {"name": "crash", "corpus": {"path": str(corpus), "id_field": "id", "keep_fields": ["n"],
+                                        "shard_docs": 10},
+            "servers": {"provider": "local", "count": 2}, "output": {"path": str(out)},
+            "limits": {"max_shards_in_flight": 2}}
+    path = tmp_path / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run(job: Path, address: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address", address],
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, check=False)
+
+
+def output_rows(out: Path) -> tuple[pa.Table, pa.Table]:
+    vectors = ds.dataset(out / "vectors").to_table().sort_by("id")
+    rejects = ds.dataset(out / "rejects").to_table().sort_by("id")
+    return vectors, rejects
+
+
+@pytest.fixture(scope="module")
+def baseline(corpus: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[pa.Table, pa.Table]:
+    tmp = tmp_path_factory.mktemp("baseline")
+    done = run(write_job(tmp, corpus, tmp / "out"), ray_address)
+    assert done.returncode == 0, done.stderr
+    return output_rows(tmp / "out")
+
+
+@pytest.mark.parametrize(("point", "driver_dies"), [
+    pytest.param("plan:1", True, id="driver-early-after-plan"),
+    pytest.param("commit:4", True, id="driver-middle-after-4-commits"),
+    pytest.param("manifest-write:3", True, id="driver-during-a-manifest-write"),
+    pytest.param("shard-write:1", False, id="worker-between-its-two-parts"),
+])
+def test_killed_run_resumes_to_the_same_output(point: str, driver_dies: bool, corpus: Path, ray_address: str,
+                                               baseline: tuple[pa.Table, pa.Table], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job = write_job(tmp_path, corpus, out)
+    crashed = run(job, ray_address, {CRASH_AT: point, CRASH_ONCE: str(tmp_path / "crashed-once")})
+    assert (tmp_path / "crashed-once").exists(), "the crash point was reached"
+    if driver_dies:
+        assert crashed.returncode == -signal.SIGKILL
+        resumed = run(job, ray_address)
+        assert resumed.returncode == 0, resumed.stderr
+    else:
+        assert crashed.returncode == 0, crashed.stderr  # Ray retried the task on a new worker
+    vectors, rejects = output_rows(out)
+    assert vectors.equals(baseline[0])
+    assert rejects.equals(baseline[1])
+    leftovers = [p for p in out.rglob("*") if p.name.startswith(".tmp-")]
+    assert leftovers == []
+
+
+def assert_ids_unique(table: pa.Table) -> None:
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids))
+
+
+def test_baseline_is_complete(baseline: tuple[pa.Table, pa.Table]) -> None:
+    vectors, rejects = baseline
+    assert vectors.num_rows == 121
+    assert_ids_unique(vectors)
+    assert rejects.column("id").to_pylist() == ["bad"]
+
+
