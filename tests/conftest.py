@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -41,3 +42,23 @@ def small_corpus(tmp_path: Path) -> Path:
     write_jsonl(tmp_path / "corpus" / "a.jsonl", rows[:25])
     write_jsonl(tmp_path / "corpus" / "b.jsonl", rows[25:])
     return tmp_path / "corpus"
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real S3-compatible server (moto's) on 127.0.0.1 at a free port, fake credentials; stopped after."""
+    server_module = pytest.importorskip("moto.server")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        yield endpoint
+    finally:
+        # moto keeps its buckets in the process, across servers: empty them for the next test.
+        httpx.post(f"{endpoint}/moto-api/reset", timeout=10)
+        server.stop()

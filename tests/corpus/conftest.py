@@ -5,7 +5,7 @@ from __future__ import annotations
 import bz2
 import csv
 import gzip
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +87,3 @@ def mixed_corpus(tmp_path: Path) -> Path:
     (root / "_tmp").mkdir()
     write_jsonl(root / "_tmp" / "x.jsonl", docs(1, "x"))
     return root
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 (a free port), with fake credentials; stopped afterwards."""
-    server_module = pytest.importorskip("moto.server")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()

@@ -81,6 +81,8 @@ class OutputStore:
 
     def list(self, relative_dir: str) -> list[str]:
         """Names of the files directly in ``relative_dir`` (empty when it does not exist)."""
+        # Other processes (shard tasks) write here: never answer from a cached listing.
+        self.fs.invalidate_cache()
         try:
             entries = self.fs.ls(self.path(relative_dir), detail=False)
         except FileNotFoundError:
