@@ -18,7 +18,14 @@ The hierarchy::
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
     └── FleetError              servers could not be launched, reached or destroyed
         ├── CapacityUnavailable no server could be started or none stayed healthy
-        └── TeardownIncomplete  something launched could not be destroyed
+        ├── TeardownIncomplete  something launched could not be destroyed
+        │   └── ExportFailed    a volume was not copied off and verified: hosts kept
+        ├── GpuUnsupported      a host's GPU is refused (compute capability, image, memory)
+        ├── FleetTimeout        a fleet wait passed its deadline
+        └── SshError            an SSH connection or a remote command failed
+            ├── HostUnreachable cannot connect or log in
+            ├── HostKeyRejected the host key is unknown or changed
+            └── RemoteCommandFailed a command on the host exited with an error
 
 Code that retries or tears down branches on the type and on the fields
 (``status_code``, ``server``, ``retryable``, ``retry_after``), never on message text.
@@ -162,3 +169,56 @@ class TeardownIncomplete(FleetError):
 
     This is the one error that may cost money: read the message, it names what is still running.
     """
+
+
+class ExportFailed(TeardownIncomplete):
+    """A server volume could not be copied off, or its copy did not match its checksums.
+
+    Nothing that holds data was destroyed (containers were removed, hosts and volumes kept): fix the
+    destination and run ``teibatch fleet sweep`` (it exports again, then destroys), or run
+    ``teibatch fleet sweep --waive-export`` to destroy without a copy.
+    """
+
+
+class GpuUnsupported(FleetError):
+    """A host's GPU cannot serve the job: compute capability below 7.5, no TEI image for its
+    architecture or platform, or too little memory for the model.
+
+    Rent another card (``teibatch gpus`` lists them), or set ``servers.image`` to choose an image.
+    """
+
+
+class FleetTimeout(FleetError):
+    """A fleet wait passed its deadline (``what`` says which, ``seconds`` how long it waited).
+
+    Raise ``servers.startup_timeout`` (or ``export.timeout``) if the hosts are only slow.
+    """
+
+    def __init__(self, message: str, *, what: str, seconds: float) -> None:
+        self.what = what
+        self.seconds = seconds
+        super().__init__(message)
+
+
+class SshError(FleetError):
+    """An SSH connection or a command run over SSH failed; ``host`` names the host, ``exit_status``
+    is the command's exit status (255: SSH itself failed)."""
+
+    def __init__(self, message: str, *, host: str, exit_status: int | None = None) -> None:
+        self.host = host
+        self.exit_status = exit_status
+        super().__init__(f"{host}: {message}")
+
+
+class HostUnreachable(SshError):
+    """SSH could not connect or log in: check the address, port, user, key file and jump host."""
+
+
+class HostKeyRejected(SshError):
+    """The host's SSH key is unknown or changed: add it to the known_hosts file, or set the host's
+    ``host_key_checking: accept-new`` if you trust the network to this freshly rented host."""
+
+
+class RemoteCommandFailed(SshError):
+    """A command on the host (``docker``, ``nvidia-smi``, ``tar``) exited with an error; the message
+    ends with the end of its output (secrets removed)."""

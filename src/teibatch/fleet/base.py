@@ -1,11 +1,26 @@
-"""The provider interface: what every way of getting TEI servers has in common."""
+"""The provider interface and the records that cross it.
+
+A provider gets TEI servers for one run and takes them back::
+
+    up(spec) ─► endpoints ─► [export_volumes(to)] ─► down() ─► [destroy()]
+    launch or adopt,         copy volumes off,       remove      destroy what holds data
+    wait healthy             verify checksums        servers     (volumes, hosts), only when
+                                                                 their export was verified or waived
+
+``up`` and ``down`` are what every provider does. Exporting volumes and destroying hosts are optional
+operations: a provider that has them subclasses :class:`ExportsVolumes` / :class:`DestroysHosts`, and
+callers ask :func:`supports` first; nothing raises ``NotImplementedError`` at run time.
+:func:`teibatch.fleet.lifecycle.session` strings the steps together.
+"""
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
 
 import httpx
 
@@ -14,28 +29,131 @@ from teibatch.endpoint import Endpoint
 HEALTH_POLL_S = 0.2
 
 
+class InstanceState(str, Enum):
+    """Where one launched server stands; recorded in the ledger after every step."""
+
+    REQUESTED = "requested"  # written to the ledger before the launch: it may or may not exist
+    RUNNING = "running"      # the container runs; not yet answering /health
+    HEALTHY = "healthy"      # answering /health through its endpoint
+    FAILED = "failed"        # never became healthy (or refused); still to be removed
+    REMOVED = "removed"      # container gone; the host (and its volume) kept
+    DESTROYED = "destroyed"  # container gone and every configured destroy step done
+    UNKNOWN = "unknown"      # could not be found out (host unreachable): treat as still running
+
+    @property
+    def settled(self) -> bool:
+        """Nothing of this instance can cost money any more."""
+        return self is InstanceState.DESTROYED
+
+
+class Capability(str, Enum):
+    """Optional operations; see :func:`supports`."""
+
+    LAUNCH = "launch"    # starts servers (rather than adopting running ones)
+    EXPORT = "export"    # has volumes to copy off: ExportsVolumes
+    DESTROY = "destroy"  # has data or hosts to destroy after export: DestroysHosts
+    SWEEP = "sweep"      # instances are found again from the ledger by `teibatch fleet sweep`
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What one run asks of a provider; ``run_id`` tags everything launched (launches are idempotent by it)."""
+
+    run_id: str
+    job_name: str = "teibatch-job"
+    max_runtime: float | None = None
+    import_from: str | None = None
+    export_to: str | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One server a provider launched or adopted; never holds a secret."""
+
+    provider: str
+    id: str
+    run_id: str
+    state: InstanceState
+    host: str | None = None
+    url: str | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
 class Provider(ABC):
     """Gives TEI endpoints for one run, and takes back what it launched.
 
-    ``up`` launches or adopts servers and returns only when each returned endpoint answers
-    ``/health`` (or raises :class:`~teibatch.errors.CapacityUnavailable`). ``down`` stops or destroys
-    everything ``up`` launched; it is idempotent and safe to call after a failed or partial ``up``.
+    ``capabilities`` lists the optional operations the provider has (see :class:`Capability`).
     """
 
     name: str
+    capabilities: frozenset[Capability] = frozenset()
 
     @abstractmethod
-    def up(self) -> list[Endpoint]: ...
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
+        """Launch or adopt the servers and return once each returned endpoint answers ``/health``.
+
+        Servers that never become healthy are left out (and removed by ``down``); with none healthy,
+        raise :class:`~teibatch.errors.CapacityUnavailable`. Calling ``up`` again for the same
+        ``spec.run_id`` launches nothing twice.
+        """
 
     @abstractmethod
-    def down(self) -> None: ...
+    def down(self) -> None:
+        """Stop or remove every server ``up`` launched; nothing holding data is destroyed here.
+
+        Idempotent, bounded in time, and safe after a failed or partial ``up``. Raises
+        :class:`~teibatch.errors.TeardownIncomplete` naming what is still running.
+        """
+
+    def instances(self) -> list[Instance]:
+        """What this provider launched or adopted in this process, as last seen."""
+        return []
+
+
+class ExportsVolumes(ABC):
+    """Capability EXPORT: the servers keep their model weights in a volume worth copying off."""
+
+    @abstractmethod
+    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
+                       timeout: float | None = None) -> list[str]:
+        """Copy every volume to ``to`` (any fsspec URL), checksum-verified; return the export URLs.
+
+        An instance counts as exported only once its copy was verified. Raises
+        :class:`~teibatch.errors.ExportFailed` naming the volumes that were not.
+        """
+
+
+class DestroysHosts(ABC):
+    """Capability DESTROY: removing the servers is not all; volumes or hosts are destroyed after."""
+
+    @abstractmethod
+    def destroy(self, *, waive_export: bool = False) -> list[str]:
+        """Destroy volumes and hosts (``destroy_command``) whose export was verified, or all when waived.
+
+        Returns the instances kept because their export was not verified. Raises
+        :class:`~teibatch.errors.TeardownIncomplete` when a destroy step failed.
+        """
+
+
+def supports(provider: Provider, capability: Capability) -> bool:
+    """Whether ``provider`` has ``capability`` (and the methods that go with it)."""
+    if capability not in provider.capabilities:
+        return False
+    if capability is Capability.EXPORT:
+        return isinstance(provider, ExportsVolumes)
+    if capability is Capability.DESTROY:
+        return isinstance(provider, DestroysHosts)
+    return True
 
 
 @contextmanager
-def running(provider: Provider) -> Iterator[list[Endpoint]]:
-    """``provider.up()`` for the duration of the block; ``down()`` however the block ends."""
+def running(provider: Provider, spec: LaunchSpec | None = None) -> Iterator[list[Endpoint]]:
+    """``provider.up()`` for the duration of the block; ``down()`` however the block ends.
+
+    No export and no destroy: runs use :func:`teibatch.fleet.lifecycle.session`.
+    """
     try:
-        yield provider.up()
+        yield provider.up(spec)
     finally:
         provider.down()
 

@@ -19,7 +19,7 @@ import orjson
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable
-from teibatch.fleet.base import HEALTH_POLL_S, Provider, wait_healthy
+from teibatch.fleet.base import HEALTH_POLL_S, Capability, LaunchSpec, Provider, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class LocalProvider(Provider):
     """
 
     name = "local"
+    capabilities = frozenset({Capability.LAUNCH})
 
     def __init__(self, count: int, *, model_id: str | None = None, server_args: list[str] | None = None,
                  startup_timeout: float = 60.0, payload_limit: int | None = None) -> None:
@@ -70,7 +71,9 @@ class LocalProvider(Provider):
             command += ["--model-id", self.model_id]
         return command + self.server_args
 
-    def up(self) -> list[Endpoint]:
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
+        if self._processes:  # idempotent: this run's servers already run
+            return [Endpoint(p.url, self.api_key, self.payload_limit) for p in self._processes if p.url]
         self._workdir = tempfile.TemporaryDirectory(prefix="teibatch-local-")
         workdir = Path(self._workdir.name)
         env = {**os.environ, "API_KEY": self.api_key}

@@ -7,7 +7,7 @@ import time
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable
-from teibatch.fleet.base import Provider, wait_healthy
+from teibatch.fleet.base import LaunchSpec, Provider, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class StaticProvider(Provider):
         self.startup_timeout = startup_timeout
         self.payload_limit = payload_limit
 
-    def up(self) -> list[Endpoint]:
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
         deadline = time.monotonic() + self.startup_timeout
         healthy = []
         for url in self.urls:

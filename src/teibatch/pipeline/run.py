@@ -27,7 +27,7 @@ from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.progress import Reporter, SilentReporter
 from teibatch.pipeline.providers import provider_for
-from teibatch.pipeline.shard import ShardOutcome, process_shard
+from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb, process_shard
 from teibatch.sink import (
     Manifest,
     OutputStore,
@@ -59,6 +59,7 @@ class RunSummary:
     reused: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     nodes: Counter[str] = field(default_factory=Counter)
+    worker_peak_rss_mb: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -75,6 +76,7 @@ class RunSummary:
         self.rejected.update(outcome.reject_reasons)
         if outcome.node:
             self.nodes[outcome.node] += 1
+        self.worker_peak_rss_mb = max(self.worker_peak_rss_mb, outcome.peak_rss_mb)
         for url, stats in outcome.servers.items():
             total = self.servers.setdefault(url, {"requests": 0, "inputs": 0, "retries": 0, "errors": {}})
             for key in ("requests", "inputs", "retries"):
@@ -92,6 +94,7 @@ class RunSummary:
                           "skipped_unchanged": self.reused, "rejected": self.rejected_total,
                           "rejected_by_reason": dict(sorted(self.rejected.items()))},
             "shards_per_node": dict(sorted(self.nodes.items())),
+            "memory": {"driver_peak_rss_mb": peak_rss_mb(), "worker_peak_rss_mb": self.worker_peak_rss_mb},
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import resource
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ class ShardOutcome:
     seconds: float = 0.0
     servers: dict[str, dict[str, object]] = field(default_factory=dict)
     node: str | None = None
+    peak_rss_mb: float = 0.0
 
 
 def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str, ...] = ()) -> ShardOutcome:
@@ -80,8 +83,14 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
     return ShardOutcome(
         shard_id=shard.id, read=read, rows=len(kept), rejects=len(rejects), reused=reused,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
-        seconds=time.monotonic() - started, servers=server_stats,
+        seconds=time.monotonic() - started, servers=server_stats, peak_rss_mb=peak_rss_mb(),
     )
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
 
 async def _embed(texts: list[str], context: ShardContext) -> tuple[EmbedResult, dict[str, dict[str, object]]]:

@@ -35,7 +35,6 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from teibatch.server.config import FaultConfig, ServerConfig, config_from_options
@@ -78,6 +77,12 @@ def _thread_server(config: ServerConfig, startup_timeout: float) -> Iterator[str
             holder["error"] = exc
         finally:
             ready.set()
+            # As asyncio.run does: cancel what is left (a hung handler, say) before closing.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=STOP_TIMEOUT_S))
             loop.close()
 
     thread = threading.Thread(target=main, name="teibatch-test-server", daemon=True)
@@ -154,6 +159,8 @@ def _subprocess_server(config: ServerConfig, startup_timeout: float) -> Iterator
 
 def server_stats(url: str, *, reset: bool = False, timeout: float = 10.0) -> dict[str, Any]:
     """``GET /teibatch/stats`` of a running server (``reset=True``: ``DELETE``, which also zeroes them)."""
+    import httpx  # only tests call this; the server itself does not need httpx
+
     method = "DELETE" if reset else "GET"
     response = httpx.request(method, f"{url}/teibatch/stats", timeout=timeout)
     response.raise_for_status()

@@ -1,8 +1,16 @@
-"""One TEI server over HTTP: the only place where httpx and TEI's answers become teibatch types."""
+"""One TEI server over HTTP: the only place where httpx and TEI's answers become teibatch types.
+
+Every httpx error and every non-200 answer is mapped here, once, to a
+:class:`~teibatch.errors.TeiError` subclass (``raise ... from exc``); code elsewhere branches on
+those types and their fields, never on message text. TEI's fixed error texts (CONTRACT.md §4) are
+read only in :func:`error_from_response`.
+
+The API key goes in ``Authorization: Bearer`` (TEI compares it byte for byte) and nowhere else:
+not in a message, a ``repr`` or a log line.
+"""
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 import httpx
@@ -21,10 +29,19 @@ from teibatch.errors import (
     TooManyInputs,
     WrongModelKind,
 )
+from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
 from teibatch.tei.info import ServerInfo
 
-ROUTE_EMBED = "embed"
-ROUTE_OPENAI_BASE64 = "openai-base64"
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_HEALTH_TIMEOUT_S = 5.0
+MIN_TOKENS_PER_S = 1_000
+"""The slowest server planned for (TEI on a few CPU cores); each request's timeout grows by its
+estimated tokens at this rate, so a full batch of long texts is not cut off while a tiny one still
+fails fast."""
+CHARS_PER_TOKEN = 4
+"""A rough count of characters per token, to estimate a request's tokens without a tokenizer."""
+
 _PATHS = {ROUTE_EMBED: "/embed", ROUTE_OPENAI_BASE64: "/v1/embeddings"}
 _JSON_HEADERS = {"content-type": "application/json"}
 
@@ -38,12 +55,25 @@ class EmbedRequest:
     count: int
     chars: int
 
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens (special tokens included), for the timeout."""
+        return self.chars // CHARS_PER_TOKEN + 2 * self.count
+
 
 class TeiClient:
-    """Talks to one TEI server through an injected ``httpx.AsyncClient``; knows nothing of Ray or files."""
+    """Talks to one TEI server through an injected ``httpx.AsyncClient``; knows nothing of Ray or files.
 
-    def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient, *, timeout: float = 60.0) -> None:
+    ``timeout`` is the base time allowed for any request; embed requests get more in proportion to
+    their estimated tokens (:meth:`timeout_for`). ``model`` and ``api_key_env`` only make messages
+    better: a 401 names the variable that holds the key, a 424 names the model.
+    """
+
+    def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 model: str | None = None, api_key_env: str | None = None) -> None:
         self.endpoint = endpoint
+        self.model = model
+        self.api_key_env = api_key_env
         self._http = http
         self._timeout = timeout
         self._auth = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
@@ -55,12 +85,22 @@ class TeiClient:
     def url(self) -> str:
         return self.endpoint.url
 
-    async def info(self) -> ServerInfo:
-        """``GET /info``, parsed."""
-        response = await self._send("GET", "/info", timeout=self._timeout)
-        return ServerInfo.from_json(orjson.loads(response.content))
+    def timeout_for(self, request: EmbedRequest) -> float:
+        """Seconds allowed for ``request``: the base timeout plus its tokens at :data:`MIN_TOKENS_PER_S`."""
+        return self._timeout + request.tokens / MIN_TOKENS_PER_S
 
-    async def healthy(self, timeout: float = 5.0) -> bool:
+    async def info(self, timeout: float | None = None) -> ServerInfo:
+        """``GET /info``, parsed; remembers the model name for later messages."""
+        response = await self._send("GET", "/info", timeout=timeout or self._timeout)
+        try:
+            info = ServerInfo.from_json(orjson.loads(response.content))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            raise TeiUnavailable("answered /info with something that is not TEI's /info JSON",
+                                 server=self.url, status_code=response.status_code) from exc
+        self.model = self.model or info.model_id
+        return info
+
+    async def healthy(self, timeout: float = DEFAULT_HEALTH_TIMEOUT_S) -> bool:
         """True when ``GET /health`` answers 200 within ``timeout``."""
         try:
             await self._send("GET", "/health", timeout=timeout)
@@ -70,11 +110,18 @@ class TeiClient:
 
     async def embed(self, request: EmbedRequest) -> np.ndarray:
         """Send one packed request; return its vectors (float32, one row per input, input order)."""
-        # Timeouts grow with the work in the request: a full batch of long texts takes longer.
-        timeout = self._timeout + request.chars / 20_000
-        response = await self._send("POST", _PATHS[request.route], content=request.body,
-                                    headers=_JSON_HEADERS, timeout=timeout)
-        vectors = decode_vectors(request.route, response.content)
+        try:
+            response = await self._send("POST", _PATHS[request.route], content=request.body,
+                                        headers=_JSON_HEADERS, timeout=self.timeout_for(request))
+        except TeiAuthError as exc:
+            raise self._auth_error(exc) from None
+        except WrongModelKind as exc:
+            raise await self._model_error(exc) from None
+        try:
+            vectors = decode_vectors(request.route, response.content)
+        except ValueError as exc:
+            raise TeiUnavailable(f"answered 200 with a body that is not embeddings ({exc})",
+                                 server=self.url, status_code=response.status_code) from exc
         if vectors.shape[0] != request.count:
             raise TeiUnavailable(f"answered {vectors.shape[0]} vectors for {request.count} inputs",
                                  server=self.url, status_code=response.status_code)
@@ -82,11 +129,12 @@ class TeiClient:
 
     async def _send(self, method: str, path: str, *, timeout: float, content: bytes | None = None,
                     headers: dict[str, str] | None = None) -> httpx.Response:
+        limits = httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT_S))
         try:
             response = await self._http.request(method, self.url + path, content=content,
-                                                headers={**self._auth, **(headers or {})}, timeout=timeout)
+                                                headers={**self._auth, **(headers or {})}, timeout=limits)
         except httpx.TimeoutException as exc:
-            raise TeiUnavailable(f"no answer within {timeout:.0f}s ({type(exc).__name__})",
+            raise TeiUnavailable(f"no answer within {timeout:.1f}s ({type(exc).__name__})",
                                  server=self.url) from exc
         except httpx.HTTPError as exc:
             raise TeiUnavailable(f"connection failed ({type(exc).__name__}: {exc})", server=self.url) from exc
@@ -95,15 +143,30 @@ class TeiClient:
                                       response.headers.get("retry-after"))
         return response
 
+    def _auth_error(self, exc: TeiAuthError) -> TeiAuthError:
+        serving = f" (serving {self.model})" if self.model else ""
+        if not self.endpoint.api_key:
+            fix = ("it wants an API key and none was sent; put the key in an environment variable and name "
+                   "that variable in servers.api_key_env")
+        elif self.api_key_env:
+            fix = f"it refused the API key; put the right key in the environment variable {self.api_key_env}"
+        else:
+            fix = ("it refused the API key; put the right key in the environment variable named by "
+                   "servers.api_key_env")
+        return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=exc.status_code)
 
-def decode_vectors(route: str, content: bytes) -> np.ndarray:
-    """Vectors from a 200 answer of ``/embed`` (JSON floats) or ``/v1/embeddings`` (base64 float32)."""
-    data = orjson.loads(content)
-    if route == ROUTE_EMBED:
-        return np.asarray(data, dtype=np.float32)
-    rows = sorted(data["data"], key=lambda item: item["index"])
-    raw = b"".join(base64.b64decode(row["embedding"]) for row in rows)
-    return np.frombuffer(raw, dtype="<f4").reshape(len(rows), -1)
+    async def _model_error(self, exc: WrongModelKind) -> WrongModelKind:
+        model, kind = self.model, "not an embedding"
+        try:
+            info = await self.info(timeout=DEFAULT_HEALTH_TIMEOUT_S)
+            model, kind = info.model_id, f"a {info.model_kind}"
+        except TeiError:
+            pass
+        said = str(exc).removeprefix(f"{exc.server}: ")
+        return WrongModelKind(
+            f"serves {model or 'a model'}, {kind} model, which cannot embed ({said}); "
+            "point the job at TEI servers launched with an embedding model (--model-id)",
+            server=self.url, status_code=exc.status_code)
 
 
 def error_from_response(server: str, status: int, content: bytes, retry_after: str | None = None) -> TeiError:

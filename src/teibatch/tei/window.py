@@ -1,0 +1,103 @@
+"""Adaptive concurrency for one server: how many inputs this client keeps in flight there (AIMD).
+
+The window starts at the client's share of the server (``ceiling``, from
+:meth:`ClientLimits.share <teibatch.tei.info.ClientLimits.share>`), which already keeps every client
+of the run together under ``max_concurrent_requests``; it moves only below that:
+
+* **halve** on a 429 (someone else uses the server too, or it lies about its limit), and when
+  latency grows: the recent latency (a fast moving average) passes ``latency_factor`` times the
+  long-run latency (a slow one), i.e. the server got slower for the same load;
+* **add one batch** each time a whole window of inputs came back without either signal, up to the
+  ceiling, so the server is kept busy again once it keeps up;
+* never under ``floor`` (one batch), so a server is never starved to zero.
+
+One decrease per congestion event: a signal from a request sent before the last decrease took
+effect is ignored, so a burst of 429s from one window halves it once, not ten times.
+"""
+
+from __future__ import annotations
+
+import math
+
+DEFAULT_LATENCY_FACTOR = 3.0
+FAST_WEIGHT = 0.3
+SLOW_WEIGHT = 0.02
+WARMUP_SAMPLES = 8
+
+
+class ConcurrencyWindow:
+    """AIMD limit on one client's inputs in flight to one server, in ``[floor, ceiling]``."""
+
+    def __init__(self, ceiling: int, step: int, *, floor: int | None = None,
+                 latency_factor: float = DEFAULT_LATENCY_FACTOR) -> None:
+        self.ceiling = max(1, ceiling)
+        self.step = max(1, min(step, self.ceiling))
+        self.floor = max(1, min(floor or self.step, self.ceiling))
+        self.latency_factor = latency_factor
+        self.limit = self.ceiling
+        self.decreases = 0
+        self.increases = 0
+        self._acked = 0
+        self._effective_from = -math.inf
+        self._fast: float | None = None
+        self._slow: float | None = None
+        self._samples = 0
+
+    def __repr__(self) -> str:
+        return f"ConcurrencyWindow(limit={self.limit}, floor={self.floor}, ceiling={self.ceiling})"
+
+    @property
+    def latency(self) -> float | None:
+        """The recent latency (seconds), ``None`` before the first answer."""
+        return self._fast
+
+    def on_success(self, inputs: int, latency: float, *, sent_at: float, now: float) -> None:
+        """A request of ``inputs`` sent at ``sent_at`` answered after ``latency`` seconds."""
+        self._observe(latency)
+        if self._latency_grew() and sent_at >= self._effective_from:
+            self._decrease(now)
+            # Learn the latency afresh at the new window (requests still queued drain meanwhile).
+            self._forget()
+            return
+        self._acked += inputs
+        if self._acked >= self.limit and self.limit < self.ceiling:
+            self.limit = min(self.ceiling, self.limit + self.step)
+            self.increases += 1
+            self._acked = 0
+
+    def on_overload(self, *, sent_at: float, now: float) -> None:
+        """A request sent at ``sent_at`` got 429: nothing was processed, the server is full."""
+        if sent_at >= self._effective_from:
+            self._decrease(now)
+
+    def restart(self) -> None:
+        """The server came back after being down: start again at half the ceiling."""
+        self.limit = max(self.floor, self.ceiling // 2)
+        self._acked = 0
+        self._forget()
+
+    def _forget(self) -> None:
+        self._fast = self._slow = None
+        self._samples = 0
+
+    def _decrease(self, effective_from: float) -> None:
+        self.limit = max(self.floor, self.limit // 2)
+        self.decreases += 1
+        self._acked = 0
+        self._effective_from = effective_from
+
+    def _observe(self, latency: float) -> None:
+        # Bias-corrected moving averages: a plain mean over the first samples, then exponential.
+        self._samples += 1
+        if self._fast is None or self._slow is None:
+            self._fast = self._slow = latency
+            return
+        self._fast += max(FAST_WEIGHT, 1 / self._samples) * (latency - self._fast)
+        self._slow += max(SLOW_WEIGHT, 1 / self._samples) * (latency - self._slow)
+
+    def _latency_grew(self) -> bool:
+        # Judge only after a full window of requests: at the start the queue is still filling up.
+        warmup = max(WARMUP_SAMPLES, 2 * self.ceiling // self.step)
+        if self._samples < warmup or self._fast is None or self._slow is None:
+            return False
+        return self._fast > self.latency_factor * self._slow
