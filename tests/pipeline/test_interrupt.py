@@ -34,16 +34,23 @@ def start(job: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def servers_of(driver: subprocess.Popen[str], deadline_s: float = 60) -> list[psutil.Process]:
-    """The driver's local server processes, once they are up and Ray is running."""
+def command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return ""
+
+
+def servers_of(driver: subprocess.Popen[str], deadline_s: float = 120) -> list[psutil.Process]:
+    """The driver's local server processes, once a shard task is running."""
     deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and driver.poll() is None:
         children = psutil.Process(driver.pid).children(recursive=True)
-        servers = [p for p in children if "serve" in " ".join(p.cmdline())]
-        if servers and any("raylet" in p.name() or "gcs_server" in p.name() for p in children):
+        servers = [p for p in children if " serve " in command_line(p)]
+        if servers and any("_shard_task" in command_line(p) for p in children):
             return servers
         time.sleep(0.2)
-    raise AssertionError("the run did not start its servers and Ray in time")
+    raise AssertionError("the run did not start its servers and a shard task in time")
 
 
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, id="SIGTERM"),
@@ -52,7 +59,7 @@ def test_signal_stops_run_and_servers(tmp_path: Path, sig: signal.Signals) -> No
     driver = start(slow_job(tmp_path))
     try:
         servers = servers_of(driver)
-        time.sleep(4)  # let the first shards run
+        time.sleep(1)
         driver.send_signal(sig)
         _, stderr = driver.communicate(timeout=60)
     finally:
