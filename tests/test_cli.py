@@ -35,7 +35,7 @@ def test_version() -> None:
 
 
 def test_every_command_has_help_with_examples() -> None:
-    for command in ("run", "validate", "serve", "status"):
+    for command in ("run", "validate", "serve", "status", "gpus"):
         result = CliRunner().invoke(main, [command, "--help"])
         assert result.exit_code == 0, command
         assert "Example" in result.output, command
@@ -46,8 +46,9 @@ def test_validate_prints_defaults(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0
     shown = yaml.safe_load(result.stdout)
-    assert shown["servers"] == {"provider": "local", "count": 2, "urls": [], "api_key_env": None,
-                                "server_args": [], "startup_timeout": 60.0}
+    assert {k: shown["servers"][k] for k in ("provider", "count", "urls", "api_key_env", "startup_timeout")} == {
+        "provider": "local", "count": 2, "urls": [], "api_key_env": None, "startup_timeout": 60.0}
+    assert shown["model"]["truncate"] is True
 
 
 @pytest.mark.parametrize("command", [pytest.param("validate", id="validate"), pytest.param("run", id="run")])

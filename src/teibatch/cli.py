@@ -153,10 +153,12 @@ def status(output: str, as_json: bool) -> None:
     Console().print(table)
 
 
-def _register_serve() -> None:
+def _register_commands() -> None:
+    from teibatch.cli_fleet import fleet, gpus
     from teibatch.server.cli import serve
 
-    main.add_command(serve)
+    for command in (serve, gpus, fleet):
+        main.add_command(command)
 
 
-_register_serve()
+_register_commands()

@@ -61,15 +61,36 @@ class ModelSection(_Section):
     truncation_direction: Literal["right", "left"] = "right"
     prompt_name: str | None = None
     dimensions: int | None = Field(None, ge=1)
+    on_too_long: Literal["reject", "truncate"] = "reject"
+
+
+class SshHostSection(_Section):
+    """One host of provider ssh (in ``servers.hosts`` or in the ``servers.inventory`` file)."""
+
+    address: str = Field(min_length=1)
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = None
+    key_file: str | None = None
+    jump_host: str | None = None
+    destroy_command: str | None = None
+    gpu_index: int | None = Field(None, ge=0)
+    known_hosts: str | None = None
+    host_key_checking: Literal["yes", "accept-new"] = "yes"
 
 
 class ServersSection(_Section):
-    provider: Literal["local", "static"] = "local"
+    provider: Literal["local", "static", "ssh"] = "local"
     count: int = Field(DEFAULT_LOCAL_SERVERS, ge=1, le=64)
     urls: tuple[str, ...] = ()
     api_key_env: str | None = None
     server_args: tuple[str, ...] = ()
     startup_timeout: float = Field(60.0, gt=0)
+    engine: Literal["auto", "builtin", "docker"] = "auto"
+    hosts: tuple[SshHostSection, ...] = ()
+    inventory: str | None = None
+    image: str | None = None
+    volume: str | None = None
+    remove_volume: bool = False
 
     @field_validator("urls")
     @classmethod
@@ -85,7 +106,30 @@ class ServersSection(_Section):
             raise ValueError("provider static needs servers.urls: a list of TEI base URLs")
         if self.provider == "local" and self.urls:
             raise ValueError("servers.urls is for provider static; provider local starts its own servers")
+        if self.provider == "ssh" and not self.hosts and not self.inventory:
+            raise ValueError("provider ssh needs servers.hosts (a list of hosts) or servers.inventory "
+                             "(a YAML file of hosts)")
+        if self.provider != "ssh" and (self.hosts or self.inventory):
+            raise ValueError("servers.hosts and servers.inventory are for provider ssh")
         return self
+
+
+class ExportSection(_Section):
+    """Where server volumes go before their hosts are destroyed, and where a new host's come from."""
+
+    to: str | None = None
+    waive: bool = False
+    import_from: str | None = None
+    timeout: float = 3600.0
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        seconds = parse_duration(value)
+        if seconds <= 0:
+            raise ValueError("must be a positive duration (90s, 30m, 2h)")
+        return seconds
 
 
 class ClientSection(_Section):
@@ -133,6 +177,7 @@ class JobSpec(_Section):
     output: OutputSection
     mode: Literal["full", "incremental"] = "full"
     limits: LimitsSection = LimitsSection()
+    export: ExportSection = ExportSection()
 
     def corpus_options(self) -> CorpusOptions:
         """The corpus section as the record ``teibatch.corpus`` reads."""
@@ -146,7 +191,7 @@ class JobSpec(_Section):
         m = self.model
         return {"model": m.id, "normalize": m.normalize, "truncate": m.truncate,
                 "truncation_direction": m.truncation_direction, "prompt_name": m.prompt_name,
-                "dimensions": m.dimensions}
+                "dimensions": m.dimensions, "on_too_long": m.on_too_long}
 
     def output_fingerprint(self) -> str:
         """A digest of what makes two outputs comparable: the vector options and the reading options."""

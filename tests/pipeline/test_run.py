@@ -45,7 +45,7 @@ def test_local_run_writes_one_row_per_document(small_corpus: Path, job_file: Cal
     for (doc_id, _), want in zip(texts.items(), expected, strict=True):
         np.testing.assert_allclose(vectors[doc_id], want, atol=1e-6)
     table = ds.dataset(out / "vectors").to_table()
-    assert set(table.column_names) == {"id", "embedding", "content_hash", "title"}
+    assert set(table.column_names) == {"id", "embedding", "content_hash", "truncated", "title"}
     manifest = orjson.loads((out / "_manifest.json").read_bytes())
     assert len(manifest["shards"]) == 5
     assert manifest["info"]["dimension"] == 384

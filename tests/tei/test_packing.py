@@ -82,3 +82,46 @@ def test_auto_route(options: EmbedOptions, auto_truncate: bool, route: str) -> N
                                  "auto_truncate": auto_truncate})
     assert choose_route("auto", options, info) == route
     assert choose_route("embed", options, info) == ROUTE_EMBED
+
+
+def test_old_servers_get_embed_not_base64() -> None:
+    old = ServerInfo.from_json({**INFO.to_json(), "version": "1.2.3"})
+    assert choose_route("auto", EmbedOptions(), old) == ROUTE_EMBED
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+@pytest.mark.parametrize("text", [pytest.param("abcd " * 500, id="ascii"),
+                                  pytest.param("é\"\n€" * 300, id="escapes-and-multibyte")])
+def test_cut_to_fit_keeps_the_longest_part_that_fits(direction: str, text: str) -> None:
+    packer = RequestPacker(ROUTE_EMBED, EmbedOptions(truncation_direction=direction), max_batch_size=4,
+                           payload_limit=10**6)
+    cut = packer.cut_to_fit(text, 1000)
+    assert packer.fits_alone(orjson.dumps(cut), 1000)
+    longer = text[len(text) - len(cut) - 1:] if direction == "left" else text[:len(cut) + 1]
+    assert not packer.fits_alone(orjson.dumps(longer), 1000)
+    assert text.endswith(cut) if direction == "left" else text.startswith(cut)
+
+
+def test_truncating_packer_sends_truncate_true_on_embed() -> None:
+    packer = RequestPacker(ROUTE_OPENAI_BASE64, EmbedOptions(truncate=False, dimensions=8), max_batch_size=4,
+                           payload_limit=10**6).truncating()
+    body = orjson.loads(packer.request([orjson.dumps("x")], 1).body)
+    assert body == {"inputs": ["x"], "truncate": True, "truncation_direction": "Right", "normalize": True,
+                    "dimensions": 8}
+
+
+def test_on_too_long_is_checked() -> None:
+    with pytest.raises(ValueError, match="on_too_long"):
+        EmbedOptions(on_too_long="skip")
+    assert EmbedOptions(truncate=False, on_too_long="truncate").may_truncate
+    assert not EmbedOptions(truncate=False).may_truncate
+
+
+def test_package_only_re_exports_with_a_sorted_all() -> None:
+    import teibatch.tei as tei
+
+    def isort_style(name: str) -> tuple[int, str]:  # constants, classes, functions (ruff RUF022)
+        return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+    assert tei.__all__ == sorted(tei.__all__, key=isort_style)
+    assert all(hasattr(tei, name) for name in tei.__all__)

@@ -161,31 +161,31 @@ def _module_docs(name: str, tree: ast.Module) -> Iterator[dict[str, str]]:
     record = _record(name, name, ast.get_docstring(tree, clean=False), "module")
     if record:
         yield record
-    seen: set[str] = set()
     for node in _public_definitions(tree.body):
-        if node.name in seen:  # a name defined twice at top level: the first definition wins
+        yield from _definition_doc(f"{name}:{node.name}", f"{name}.{node.name}", node)
+        if isinstance(node, ast.ClassDef):
+            for member in _public_definitions(node.body, classes=False):
+                yield from _definition_doc(f"{name}:{node.name}.{member.name}",
+                                           f"{name}.{node.name}.{member.name}", member)
+
+
+def _definition_doc(doc_id: str, title: str, node: ast.AST) -> Iterator[dict[str, str]]:
+    record = _record(doc_id, title, ast.get_docstring(node, clean=False), "docstring")  # type: ignore[arg-type]
+    if record:
+        yield record
+
+
+def _public_definitions(body: list[ast.stmt], *, classes: bool = True,
+                        ) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    """Public functions (and classes) defined directly in ``body``; of a name defined twice, the first."""
+    seen: set[str] = set()
+    for node in body:
+        if not isinstance(node, _DEFINITIONS) or node.name.startswith("_") or node.name in seen:
+            continue
+        if isinstance(node, ast.ClassDef) and not classes:
             continue
         seen.add(node.name)
-        record = _record(f"{name}:{node.name}", f"{name}.{node.name}",
-                         ast.get_docstring(node, clean=False), "docstring")
-        if record:
-            yield record
-        if isinstance(node, ast.ClassDef):
-            members: set[str] = set()
-            for member in _public_definitions(node.body):
-                if isinstance(member, ast.ClassDef) or member.name in members:
-                    continue
-                members.add(member.name)
-                record = _record(f"{name}:{node.name}.{member.name}", f"{name}.{node.name}.{member.name}",
-                                 ast.get_docstring(member, clean=False), "docstring")
-                if record:
-                    yield record
-
-
-def _public_definitions(body: list[ast.stmt]) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
-    for node in body:
-        if isinstance(node, _DEFINITIONS) and not node.name.startswith("_"):
-            yield node
+        yield node
 
 
 def _record(doc_id: str, title: str, doc: object, source: str) -> dict[str, str] | None:

@@ -1,7 +1,48 @@
-"""Fleets of TEI servers: providers that launch or adopt servers and take them down again."""
+"""Fleets of TEI servers: providers that launch or adopt servers, export their volumes and destroy them."""
 
-from teibatch.fleet.base import Provider, running, wait_healthy
+from teibatch.fleet.base import (
+    Capability,
+    DestroysHosts,
+    ExportsVolumes,
+    Instance,
+    InstanceState,
+    LaunchSpec,
+    Provider,
+    running,
+    supports,
+    wait_healthy,
+)
+from teibatch.fleet.ledger import Ledger, LedgerEntry
+from teibatch.fleet.lifecycle import ExportPlan, finish, session
 from teibatch.fleet.local import LocalProvider
+from teibatch.fleet.localdocker import LocalDockerProvider, docker_engine_available
+from teibatch.fleet.ssh import SshHost, SshProvider, read_inventory
 from teibatch.fleet.static import StaticProvider
+from teibatch.fleet.sweep import SweepResult, sweep
 
-__all__ = ["LocalProvider", "Provider", "StaticProvider", "running", "wait_healthy"]
+__all__ = [
+    "Capability",
+    "DestroysHosts",
+    "ExportPlan",
+    "ExportsVolumes",
+    "Instance",
+    "InstanceState",
+    "LaunchSpec",
+    "Ledger",
+    "LedgerEntry",
+    "LocalDockerProvider",
+    "LocalProvider",
+    "Provider",
+    "SshHost",
+    "SshProvider",
+    "StaticProvider",
+    "SweepResult",
+    "docker_engine_available",
+    "finish",
+    "read_inventory",
+    "running",
+    "session",
+    "supports",
+    "sweep",
+    "wait_healthy",
+]

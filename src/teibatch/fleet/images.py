@@ -93,8 +93,6 @@ def choose_image(gpu: GpuInfo | None, platform: str = "x86_64", *, override: str
                              f"(only {', '.join(sorted({r.platform for r in rows}))})")
     if row.refused or not row.tag:
         raise GpuUnsupported(f"{what}: {row.refused or 'no image'}")
-    if row.experimental:
-        log.warning("%s: TEI marks the image %s for %s as experimental", what, row.tag, row.arch)
     return ImageChoice(table.image(row), row)
 
 
@@ -151,3 +149,25 @@ def docker_run_args(spec: ContainerSpec) -> list[str]:
 def docker_run_command(spec: ContainerSpec) -> str:
     """:func:`docker_run_args` as one shell command line."""
     return shlex.join(docker_run_args(spec))
+
+
+def gpu_table(platform: str = "x86_64") -> list[dict[str, object]]:
+    """Every card of the GPU catalog with its architecture, image and status (for ``teibatch gpus``)."""
+    from teibatch.fleet.catalog import gpu_catalog
+
+    rows: list[dict[str, object]] = []
+    for card in gpu_catalog():
+        gpu = GpuInfo(card.name, card.compute_capability, card.vram_gb * 1024)
+        entry: dict[str, object] = {"name": card.name, "vram_gb": card.vram_gb,
+                                    "compute_capability": card.compute_capability}
+        row = next((r for r in image_table().rows if r.compute_capability == card.compute_capability), None)
+        entry["arch"] = row.arch if row else None
+        try:
+            choice = choose_image(gpu, platform)
+        except GpuUnsupported as exc:
+            entry.update(image=None, status="refused", reason=str(exc).removeprefix(f"{card.name}: "))
+        else:
+            entry.update(image=choice.image, status="experimental" if choice.experimental else "supported",
+                         reason=None)
+        rows.append(entry)
+    return rows

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import secrets
@@ -20,17 +18,11 @@ import orjson
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable
 from teibatch.fleet.base import HEALTH_POLL_S, Capability, LaunchSpec, Provider, wait_healthy
+from teibatch.fleet.shell import die_with_parent
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the server when the driver dies, even by SIGKILL."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -82,7 +74,7 @@ class LocalProvider(Provider):
             with open(log_path, "wb") as log_handle:
                 popen = subprocess.Popen(self.command(ready), stdin=subprocess.DEVNULL, stdout=log_handle,
                                          stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                         preexec_fn=die_with_parent if sys.platform == "linux" else None)
             self._processes.append(_Process(popen, ready, log_path))
         deadline = time.monotonic() + self.startup_timeout
         for process in self._processes:

@@ -210,7 +210,8 @@ class SshShell(Shell):
         self.label = target.label
 
     def argv(self, command: str) -> list[str]:
-        return [*self.target.argv(), "--", command] if command else self.target.argv()
+        # Through `sh -c`, whatever the login shell of the remote user is.
+        return [*self.target.argv(), "--", f"sh -c {shlex.quote(command)}"] if command else self.target.argv()
 
     def record(self) -> dict[str, Any]:
         return {"kind": "ssh", **asdict(self.target)}

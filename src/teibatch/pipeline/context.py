@@ -35,3 +35,5 @@ class ShardContext:
     output_options: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 6
     request_timeout: float = 60.0
+    model_id: str | None = None
+    api_key_env: str | None = None

@@ -1,12 +1,33 @@
-"""From the job file's ``servers`` section to a fleet provider."""
+"""From the job file's ``servers`` and ``export`` sections to a fleet provider and its session."""
 
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
+from pathlib import Path
 
+import yaml
+from pydantic import ValidationError
+
+from teibatch.endpoint import Endpoint
 from teibatch.errors import JobSpecError
-from teibatch.fleet import LocalProvider, Provider, StaticProvider
-from teibatch.job import JobSpec
+from teibatch.fleet import (
+    ExportPlan,
+    LaunchSpec,
+    LocalDockerProvider,
+    LocalProvider,
+    Provider,
+    SshHost,
+    SshProvider,
+    StaticProvider,
+    docker_engine_available,
+    read_inventory,
+    session,
+)
+from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
+from teibatch.job import JobSpec, SshHostSection
+
+BUILTIN_MODEL_PREFIX = "teibatch/"  # models only the built-in server serves
 
 
 def api_key_from_env(job: JobSpec, environ: dict[str, str] | None = None) -> str | None:
@@ -28,5 +49,83 @@ def provider_for(job: JobSpec) -> Provider:
     if servers.provider == "static":
         return StaticProvider(list(servers.urls), api_key=api_key_from_env(job),
                               startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
+    if servers.provider == "ssh":
+        return _ssh_provider(job)
+    if _local_engine(job) == "docker":
+        _needs_model(job)
+        options = {"volume": servers.volume} if servers.volume else {}
+        return LocalDockerProvider(servers.count, model_id=job.model.id, image=servers.image,
+                                   remove_volume=servers.remove_volume, server_args=tuple(servers.server_args),
+                                   startup_timeout=_startup_timeout(job), payload_limit=payload_limit, **options)
     return LocalProvider(servers.count, model_id=job.model.id, server_args=list(servers.server_args),
                          startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
+
+
+def _local_engine(job: JobSpec) -> str:
+    """``builtin`` or ``docker``: ``auto`` means Docker when an engine answers and TEI can serve the model."""
+    engine = job.servers.engine
+    if engine != "auto":
+        return engine
+    model = job.model.id or ""
+    if not model or model.startswith(BUILTIN_MODEL_PREFIX):
+        return "builtin"
+    return "docker" if docker_engine_available() else "builtin"
+
+
+def _startup_timeout(job: JobSpec) -> float:
+    """The job's ``servers.startup_timeout``, or 15 minutes for launched containers (image pull, download)."""
+    if "startup_timeout" in job.servers.model_fields_set:
+        return job.servers.startup_timeout
+    return DEFAULT_STARTUP_TIMEOUT_S
+
+
+def ssh_hosts(job: JobSpec) -> list[SshHost]:
+    """The hosts of ``servers.hosts`` and of the ``servers.inventory`` file, validated."""
+    sections = list(job.servers.hosts)
+    inventory = job.servers.inventory
+    if inventory:
+        try:
+            raw = read_inventory(inventory)
+            for index, host in enumerate(raw):
+                try:
+                    sections.append(SshHostSection.model_validate(host))
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    where = ".".join(str(part) for part in (index, *first["loc"]))
+                    raise JobSpecError(f"{inventory}: hosts.{where}: {first['msg']}",
+                                       key="servers.inventory") from None
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise JobSpecError(f"cannot read the inventory {inventory}: {exc}", key="servers.inventory") from None
+    return [SshHost(**section.model_dump()) for section in sections]
+
+
+def _needs_model(job: JobSpec) -> None:
+    if not job.model.id:
+        raise JobSpecError("TEI containers need the model to serve: set model.id (a Hugging Face model id)",
+                           key="model.id")
+
+
+def _ssh_provider(job: JobSpec) -> SshProvider:
+    servers = job.servers
+    _needs_model(job)
+    hosts = ssh_hosts(job)
+    destroys = servers.remove_volume or any(h.destroy_command for h in hosts)
+    if destroys and not job.export.to and not job.export.waive:
+        raise JobSpecError("the job destroys volumes or hosts (servers.remove_volume or a destroy_command) but "
+                           "says nowhere to copy the volumes first: set export.to, or export.waive: true",
+                           key="export")
+    return SshProvider(hosts, model_id=job.model.id, image=servers.image, volume=servers.volume or DEFAULT_VOLUME,
+                       remove_volume=servers.remove_volume, server_args=tuple(servers.server_args),
+                       startup_timeout=_startup_timeout(job), payload_limit=job.client.payload_limit)
+
+
+def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:
+    """The provider's servers for one run: up, then down, export and destroy however the run ends."""
+    export = job.export
+    to = export.to
+    if to and "://" not in to:
+        to = str(Path(to).expanduser().absolute())
+    spec = LaunchSpec(run_id=run_id, job_name=job.name, max_runtime=job.limits.max_runtime,
+                      import_from=export.import_from, export_to=to)
+    return session(provider, spec, ExportPlan(to=to, waive=export.waive, timeout=export.timeout,
+                                              storage_options=dict(export.storage_options)))

@@ -10,7 +10,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -20,13 +20,20 @@ import ray
 from teibatch import __version__
 from teibatch.corpus import Shard, keep_field_types, plan_shards
 from teibatch.crashpoints import crashpoint, task_environment
-from teibatch.errors import RunIncomplete, SinkError, TeiAuthError, TeibatchError, WrongModelKind
-from teibatch.fleet import Provider, running
+from teibatch.errors import (
+    CapacityUnavailable,
+    RunIncomplete,
+    SinkError,
+    TeiAuthError,
+    TeibatchError,
+    WrongModelKind,
+)
+from teibatch.fleet import Provider
 from teibatch.job import JobSpec
-from teibatch.pipeline.connect import Fleet, connect
+from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.progress import Reporter, SilentReporter
-from teibatch.pipeline.providers import provider_for
+from teibatch.pipeline.providers import fleet_session, provider_for
 from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb, process_shard
 from teibatch.sink import (
     Manifest,
@@ -41,7 +48,8 @@ from teibatch.tei import ClientLimits, EmbedOptions
 
 log = logging.getLogger(__name__)
 
-FATAL_ERRORS = (TeiAuthError, WrongModelKind)
+# Errors that would fail every other shard the same way: stop the run at once.
+FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
 
 
 @dataclass
@@ -130,7 +138,8 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
                 previous = _previous_parts(job, manifest, live)
                 _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, ray_address)
         summary.status = "done" if not summary.shards_failed else "incomplete"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
+        # SystemExit: a SIGTERM that came while ray.init's own handler (which exits) was in place.
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
     except TeibatchError as exc:
@@ -146,7 +155,8 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
         save_report(store, summary.run_id, summary.to_json())
     if summary.status != "done":
         missing = len(shards) - len(manifest.shards.keys() & live)
-        raise RunIncomplete(f"{summary.status}: {missing} of {len(shards)} shards are not committed; "
+        first = f" (first error: {summary.errors[0]})" if summary.errors else ""
+        raise RunIncomplete(f"{summary.status}: {missing} of {len(shards)} shards are not committed{first}; "
                             "run the same command again to finish them")
     return summary
 
@@ -180,9 +190,10 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
-                           prompt_name=job.model.prompt_name, dimensions=job.model.dimensions)
+                           prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
+                           on_too_long=job.model.on_too_long)
     clock = time.monotonic()
-    with running(provider) as endpoints:
+    with fleet_session(job, provider, summary.run_id) as endpoints:
         reporter.message(f"{len(endpoints)} {provider.name} server(s) ready")
         fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                         api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
@@ -190,7 +201,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                          "servers": [s.info.to_json() for s in fleet.servers]}
         with _ray_session(ray_address):
-            in_flight = _shards_in_flight(job)
+            in_flight = _shards_in_flight(job, fleet)
             context = _context(job, fleet, options, in_flight)
             clock = time.monotonic()
             reporter.start(len(pending), sum(s.size for s in pending))
@@ -201,11 +212,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
 def _context(job: JobSpec, fleet: Fleet, options: EmbedOptions, in_flight: int) -> ShardContext:
     plans = []
     for server in fleet.servers:
-        limits = ClientLimits.derive(
-            server.info,
-            max_batch_size=None if job.client.max_batch_size == "auto" else job.client.max_batch_size,
-            max_inflight_inputs=None if job.client.max_inflight_inputs == "auto" else job.client.max_inflight_inputs,
-            payload_limit=server.endpoint.payload_limit or job.client.payload_limit)
+        limits = _limits(job, server)
         # The server counts inputs from all shard tasks together: each task gets its share.
         plans.append(ServerPlan(server.endpoint, limits.share(in_flight)))
     corpus = job.corpus_options()
@@ -217,13 +224,26 @@ def _context(job: JobSpec, fleet: Fleet, options: EmbedOptions, in_flight: int) 
                         hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options),
-                        max_retries=job.client.max_retries, request_timeout=job.client.request_timeout)
+                        max_retries=job.client.max_retries, request_timeout=job.client.request_timeout,
+                        model_id=fleet.model_id, api_key_env=job.servers.api_key_env)
 
 
-def _shards_in_flight(job: JobSpec) -> int:
-    if job.limits.max_shards_in_flight != "auto":
-        return int(job.limits.max_shards_in_flight)
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
+    """What the job allows towards ``server``: its /info limits, lowered by the job's overrides."""
+    client = job.client
+    return ClientLimits.derive(
+        server.info,
+        max_batch_size=None if client.max_batch_size == "auto" else client.max_batch_size,
+        max_inflight_inputs=None if client.max_inflight_inputs == "auto" else client.max_inflight_inputs,
+        payload_limit=server.endpoint.payload_limit or client.payload_limit)
+
+
+def _shards_in_flight(job: JobSpec, fleet: Fleet) -> int:
+    """Shard tasks at once: the job's number or the cluster's CPUs, and never more than every server can
+    give one input in flight to (each task holds a share of every server's in-flight limit)."""
+    wanted = job.limits.max_shards_in_flight
+    count = int(wanted) if wanted != "auto" else max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return min(count, *(_limits(job, server).max_parts for server in fleet.servers))
 
 
 def _shard_task(shard: Shard, context: ShardContext, previous: tuple[str, ...]) -> ShardOutcome:
@@ -292,6 +312,9 @@ def _ray_session(address: str | None) -> Iterator[None]:
     address = address or os.environ.get("RAY_ADDRESS") or None
     ray.init(address=address, include_dashboard=False, log_to_driver=False,
              logging_level=logging.WARNING, configure_logging=False)
+    # ray.init put its own SIGTERM handler (it aborts the driver): SIGTERM must still reach the fleet teardown.
+    with suppress(ValueError):  # ValueError: not the main thread
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:

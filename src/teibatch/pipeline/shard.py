@@ -52,11 +52,12 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
     known = read_vectors(store, previous_parts, {d.id for d in documents}) if previous_parts else {}
     vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
     ok = np.zeros(len(documents), dtype=bool)
+    truncated = np.zeros(len(documents), dtype=bool)
     to_embed = []
     for position, (document, digest) in enumerate(zip(documents, hashes, strict=True)):
         previous = known.get(document.id)
         if previous is not None and previous[0] == digest:
-            vectors[position], ok[position] = previous[1], True
+            vectors[position], truncated[position], ok[position] = previous[1], previous[2], True
         else:
             to_embed.append(position)
     reused = len(documents) - len(to_embed)
@@ -66,6 +67,7 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
         positions = np.asarray(to_embed, dtype=np.int64)
         vectors[positions] = result.vectors
         ok[positions] = result.ok
+        truncated[positions] = result.truncated
         rejects += [Reject(documents[to_embed[f.position]].id, f.reason, f.detail) for f in result.failures]
     kept = [position for position in range(len(documents)) if ok[position]]
     # Rejects first: the vectors part is the one a reader sees, so it comes last.
@@ -77,6 +79,7 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
         ids=[documents[p].id for p in kept],
         vectors=vectors[kept],
         hashes=[hashes[p] for p in kept],
+        truncated=truncated[kept],
         kept={name: [documents[p].fields.get(name) for p in kept] for name in context.schema.kept},
     )
     write_part(store, VECTORS_DIR, shard.id, table, context.write)
@@ -98,7 +101,8 @@ async def _embed(texts: list[str], context: ShardContext) -> tuple[EmbedResult, 
     limits = httpx.Limits(max_connections=connections + len(context.servers),
                           max_keepalive_connections=connections + len(context.servers))
     async with httpx.AsyncClient(limits=limits) as http:
-        servers = [Server(TeiClient(p.endpoint, http, timeout=context.request_timeout), p.limits)
+        servers = [Server(TeiClient(p.endpoint, http, timeout=context.request_timeout, model=context.model_id,
+                                    api_key_env=context.api_key_env), p.limits)
                    for p in context.servers]
         pool = EndpointPool(servers)
         packer = RequestPacker(context.route, context.embed, max_batch_size=pool.max_batch_size,

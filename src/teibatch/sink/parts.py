@@ -37,7 +37,8 @@ class VectorSchema:
         fields = [pa.field("id", pa.string(), nullable=False),
                   pa.field("embedding", pa.list_(pa.field("item", self.value_type, nullable=False),
                                                  self.dimension), nullable=False),
-                  pa.field("content_hash", pa.string(), nullable=False)]
+                  pa.field("content_hash", pa.string(), nullable=False),
+                  pa.field("truncated", pa.bool_(), nullable=False)]
         fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
         meta = {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
                                             "vector_type": self.vector_type})}
@@ -55,12 +56,18 @@ def part_name(shard_id: str) -> str:
 
 
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
-                  kept: Mapping[str, Sequence[Any]]) -> pa.Table:
-    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32."""
+                  kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None) -> pa.Table:
+    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32.
+
+    ``truncated`` marks texts the client cut or had the server truncate after a refusal
+    (``model.on_too_long: truncate``); absent, no row is marked.
+    """
     arrow = schema.arrow()
     values = np.ascontiguousarray(vectors, dtype=np.float16 if schema.vector_type == "float16" else np.float32)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), schema.dimension)
-    columns: list[pa.Array] = [pa.array(ids, pa.string()), embedding, pa.array(hashes, pa.string())]
+    flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
+    columns: list[pa.Array] = [pa.array(ids, pa.string()), embedding, pa.array(hashes, pa.string()),
+                               pa.array(flags, pa.bool_())]
     columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
     return pa.Table.from_arrays(columns, schema=arrow)
 
@@ -80,16 +87,17 @@ def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Tabl
     return relative
 
 
-def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str]) -> dict[str, tuple[str, np.ndarray]]:
-    """``id → (content_hash, vector)`` for the rows of ``parts`` (relative paths) whose id is in ``ids``.
+def read_vectors(store: OutputStore, parts: Sequence[str],
+                 ids: set[str]) -> dict[str, tuple[str, np.ndarray, bool]]:
+    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``.
 
     Parts that have disappeared are skipped: reuse is an optimisation, never a requirement.
     """
-    found: dict[str, tuple[str, np.ndarray]] = {}
+    found: dict[str, tuple[str, np.ndarray, bool]] = {}
     for relative in parts:
         try:
             with store.fs.open(store.path(relative), "rb") as handle:
-                table = pq.read_table(handle, columns=["id", "content_hash", "embedding"])
+                table = pq.read_table(handle, columns=["id", "content_hash", "embedding", "truncated"])
         except FileNotFoundError:
             continue
         part_ids = table.column("id").to_pylist()
@@ -100,8 +108,9 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str]) -> dic
         embedding = table.column("embedding").combine_chunks()
         vectors = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
         hashes = table.column("content_hash").to_pylist()
+        flags = table.column("truncated").to_pylist()
         for row, doc_id in enumerate(table.column("id").to_pylist()):
-            found[doc_id] = (hashes[row], vectors[row].astype(np.float32))
+            found[doc_id] = (hashes[row], vectors[row].astype(np.float32), flags[row])
     return found
 
 

@@ -1,16 +1,29 @@
 """The TEI client: limits from ``/info``, request packing, typed errors, retries, a pool of servers."""
 
-from teibatch.tei.client import ROUTE_EMBED, ROUTE_OPENAI_BASE64, EmbedRequest, TeiClient
-from teibatch.tei.embedder import EmbedResult, Failure, embed_texts
+from teibatch.tei.client import EmbedRequest, TeiClient, error_from_response
+from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
+from teibatch.tei.embedder import EmbedResult, embed_texts
 from teibatch.tei.info import ClientLimits, ServerInfo
-from teibatch.tei.packing import ROUTE_AUTO, EmbedOptions, RequestPacker, choose_route
+from teibatch.tei.packing import (
+    ON_TOO_LONG_REJECT,
+    ON_TOO_LONG_TRUNCATE,
+    ROUTE_AUTO,
+    EmbedOptions,
+    RequestPacker,
+    choose_route,
+)
 from teibatch.tei.pool import EndpointPool, Server
+from teibatch.tei.window import ConcurrencyWindow
+from teibatch.tei.work import Failure
 
 __all__ = [
+    "ON_TOO_LONG_REJECT",
+    "ON_TOO_LONG_TRUNCATE",
     "ROUTE_AUTO",
     "ROUTE_EMBED",
     "ROUTE_OPENAI_BASE64",
     "ClientLimits",
+    "ConcurrencyWindow",
     "EmbedOptions",
     "EmbedRequest",
     "EmbedResult",
@@ -21,5 +34,7 @@ __all__ = [
     "ServerInfo",
     "TeiClient",
     "choose_route",
+    "decode_vectors",
     "embed_texts",
+    "error_from_response",
 ]

@@ -113,8 +113,6 @@ class TeiClient:
         try:
             response = await self._send("POST", _PATHS[request.route], content=request.body,
                                         headers=_JSON_HEADERS, timeout=self.timeout_for(request))
-        except TeiAuthError as exc:
-            raise self._auth_error(exc) from None
         except WrongModelKind as exc:
             raise await self._model_error(exc) from None
         try:
@@ -138,12 +136,14 @@ class TeiClient:
                                  server=self.url) from exc
         except httpx.HTTPError as exc:
             raise TeiUnavailable(f"connection failed ({type(exc).__name__}: {exc})", server=self.url) from exc
+        if response.status_code == 401:
+            raise self._auth_error(response.status_code)
         if response.status_code != 200:
             raise error_from_response(self.url, response.status_code, response.content,
                                       response.headers.get("retry-after"))
         return response
 
-    def _auth_error(self, exc: TeiAuthError) -> TeiAuthError:
+    def _auth_error(self, status: int) -> TeiAuthError:
         serving = f" (serving {self.model})" if self.model else ""
         if not self.endpoint.api_key:
             fix = ("it wants an API key and none was sent; put the key in an environment variable and name "
@@ -153,18 +153,21 @@ class TeiClient:
         else:
             fix = ("it refused the API key; put the right key in the environment variable named by "
                    "servers.api_key_env")
-        return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=exc.status_code)
+        return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=status)
 
     async def _model_error(self, exc: WrongModelKind) -> WrongModelKind:
-        model, kind = self.model, "not an embedding"
+        model, kind = self.model, "not an embedding model"
         try:
             info = await self.info(timeout=DEFAULT_HEALTH_TIMEOUT_S)
-            model, kind = info.model_id, f"a {info.model_kind}"
         except TeiError:
             pass
+        else:
+            model = info.model_id
+            kind = (f"an embedding model with {info.pooling} pooling" if info.model_kind == "embedding"
+                    else f"a {info.model_kind} model")
         said = str(exc).removeprefix(f"{exc.server}: ")
         return WrongModelKind(
-            f"serves {model or 'a model'}, {kind} model, which cannot embed ({said}); "
+            f"serves {model or 'a model'}, {kind}, which cannot give dense vectors ({said}); "
             "point the job at TEI servers launched with an embedding model (--model-id)",
             server=self.url, status_code=exc.status_code)
 

@@ -1,18 +1,37 @@
-"""Embedding a list of texts over a pool: packing, splitting, retries, and per-document failures.
+"""Embedding a list of texts over a pool: packing per server, retries, splits, per-document failures.
 
-Every text ends with a vector or a :class:`Failure`; one bad text never takes its batch-mates down:
-a request refused for its content is split in halves until the offender stands alone.
+Every text ends with a vector or a :class:`Failure`, and one bad text never takes its batch-mates
+down. What each of TEI's answers leads to (CONTRACT.md §4):
+
+========================== ==================================================================
+answer                     what happens
+========================== ==================================================================
+200                        vectors stored at their texts' positions (through any split/retry)
+429 overloaded             window halved, same texts resent after a jittered wait (nothing was
+                           processed); more than ``MAX_OVERLOAD_RETRIES`` in a row: the error
+                           propagates (the shard fails, a later run resumes it)
+413 body too large         the server's payload limit is learned; split in halves; a text too
+                           big alone is cut to fit (``truncate`` on) or rejected
+422 too many inputs        split in halves (the server's batch limit is learned)
+422 input too long         bisected until the text stands alone; then rejected, or resent alone
+                           with ``truncate: true`` and flagged when ``on_too_long: truncate``
+other 4xx                  bisected; the text alone is rejected (``request_refused``)
+5xx, 424 backend, no answer resent on another healthy server after a jittered, bounded wait;
+                           after ``max_retries`` the request is split, and a text that still
+                           fails alone is rejected (``embed_failed``)
+401, 424 not embedding     raised at once: every other request would fail the same way
+========================== ==================================================================
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 
 from teibatch.errors import (
     InputTooLong,
@@ -23,36 +42,44 @@ from teibatch.errors import (
     TeiUnavailable,
     TooManyInputs,
 )
-from teibatch.tei.packing import Batch, RequestPacker
+from teibatch.tei.client import EmbedRequest
+from teibatch.tei.packing import ON_TOO_LONG_TRUNCATE, RequestPacker
 from teibatch.tei.pool import EndpointPool, Server
-
-FAILURE_TOO_LONG = "input_too_long"
-FAILURE_PAYLOAD = "payload_too_large"
-FAILURE_REFUSED = "request_refused"
-FAILURE_EMBED = "embed_failed"
+from teibatch.tei.work import (
+    FAILURE_EMBED,
+    FAILURE_REFUSED,
+    FAILURE_TOO_LONG,
+    Failure,
+    Item,
+    Unit,
+    WorkQueue,
+)
 
 DEFAULT_MAX_RETRIES = 6
-MAX_OVERLOAD_RETRIES = 200
+MAX_OVERLOAD_RETRIES = 50
+MAX_RETRY_AFTER_S = 30.0
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_CAP_S = 5.0
 
 
 @dataclass(frozen=True)
-class Failure:
-    """The text at ``position`` could not be embedded; ``reason`` is a short code."""
-
-    position: int
-    reason: str
-    detail: str
-
-
-@dataclass
 class EmbedResult:
-    """Vectors for the texts that succeeded (``ok`` marks them) and a failure for every other text."""
+    """Vectors for the texts that succeeded (``ok`` marks them) and a failure for every other text.
+
+    ``truncated`` marks texts whose vector is of a cut text, as far as the client knows: cut by the
+    client to fit the payload limit, or resent with truncation after the server refused them as too
+    long. (With ``truncate`` on, TEI also cuts texts over ``max_input_length`` tokens silently;
+    those are not marked: TEI does not say which.)
+    """
 
     vectors: np.ndarray
     ok: np.ndarray
     failures: list[Failure]
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def __post_init__(self) -> None:
+        if len(self.truncated) != len(self.ok):
+            object.__setattr__(self, "truncated", np.zeros(len(self.ok), dtype=bool))
 
 
 def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_CAP_S) -> float:
@@ -62,116 +89,165 @@ def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_C
 
 async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence[str], *,
                       dimension: int, max_retries: int = DEFAULT_MAX_RETRIES) -> EmbedResult:
-    """Embed ``texts``; fatal errors (401, wrong model kind, no server left) propagate, others are retried."""
-    run = _Run(pool, packer, texts, dimension, max_retries)
-    return await run.execute()
+    """Embed ``texts`` over ``pool``; fatal errors (401, wrong model kind, no server left) propagate."""
+    return await _Run(pool, packer, texts, dimension, max_retries).execute()
 
 
 class _Run:
+    """One call of :func:`embed_texts`: a dispatcher loop that starts requests while servers have room."""
+
     def __init__(self, pool: EndpointPool, packer: RequestPacker, texts: Sequence[str],
                  dimension: int, max_retries: int) -> None:
         self.pool = pool
         self.packer = packer
-        self.texts = texts
         self.max_retries = max_retries
+        self.dimension = dimension
+        known = [s.limits.max_input_chars for s in pool.servers if s.limits.max_input_chars is not None]
+        # A text is refused up front only when every server would refuse it.
+        max_chars = max(known) if len(known) == len(pool.servers) else None
+        self.queue = WorkQueue(texts, packer, payload_limit=min(packer.payload_limit, pool.smallest_payload_limit),
+                               max_input_chars=max_chars)
         self.vectors = np.zeros((len(texts), dimension), dtype=np.float32)
         self.ok = np.zeros(len(texts), dtype=bool)
-        self.failures: list[Failure] = []
-        self.queue: asyncio.Queue[Batch] = asyncio.Queue()
-        self.pending = 0
-        self.overloads = 0
+        self.truncated = np.zeros(len(texts), dtype=bool)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.fatal: BaseException | None = None
+        self.wake = asyncio.Event()
 
     async def execute(self) -> EmbedResult:
-        sendable = []
-        for position, text in enumerate(self.texts):
-            if self.packer.fits_alone(orjson.dumps(text)):
-                sendable.append((position, text))
-            else:
-                self.failures.append(Failure(position, FAILURE_PAYLOAD,
-                                             f"the text alone is over the {self.packer.payload_limit}-byte "
-                                             "request limit"))
-        for batch in self.packer.pack(sendable):
-            self._put(batch)
-        if self.pending:
-            workers = max(1, self.pool.capacity // max(1, self.packer.max_batch_size))
-            tasks = [asyncio.create_task(self._worker()) for _ in range(min(workers, self.pending))]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        self.failures.sort(key=lambda f: f.position)
-        return EmbedResult(self.vectors, self.ok, self.failures)
-
-    def _put(self, batch: Batch) -> None:
-        self.pending += 1
-        self.queue.put_nowait(batch)
-
-    async def _worker(self) -> None:
-        while self.pending:
-            try:
-                batch = self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                # Another worker holds the last batches; one may come back split or retried.
-                await asyncio.sleep(0.01)
-                continue
-            try:
-                await self._send(batch)
-            finally:
-                self.pending -= 1
-
-    async def _send(self, batch: Batch) -> None:
-        count = batch.request.count
-        server = await self.pool.acquire(count)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        self.pool.listeners.append(self.wake.set)
         try:
-            vectors = await server.client.embed(batch.request)
-        except TeiError as exc:
-            server.stats.count_error(type(exc).__name__)
-            await self.pool.release(server, count)
-            await self._handle(batch, server, exc)
-            return
-        server.stats.seconds += loop.time() - started
-        server.stats.requests += 1
-        server.stats.inputs += count
-        await self.pool.release(server, count)
-        positions = np.fromiter(batch.positions, dtype=np.int64, count=count)
+            await self._dispatch()
+        finally:
+            self.pool.listeners.remove(self.wake.set)
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        failures = sorted(self.queue.failures, key=lambda f: f.position)
+        return EmbedResult(self.vectors, self.ok, failures, self.truncated)
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.wake.clear()
+            if self.fatal is not None:
+                raise self.fatal
+            if self.queue.empty() and not self.tasks:
+                return
+            self.pool.check_alive()
+            if self._start_one(loop.time()):
+                continue
+            timeout = self.pool.probe_interval
+            due = self.queue.next_due()
+            if due is not None:
+                timeout = min(timeout, max(0.0, due - loop.time()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _start_one(self, now: float) -> bool:
+        """Start one request if some work and some server with room meet; True if anything changed."""
+        for unit in self.queue.candidates(now):
+            want = len(unit.items) if unit is not None else self.queue.fresh_left
+            server = self.pool.pick(want, avoid=unit.avoid if unit is not None else None)
+            if server is None:
+                continue
+            room = min(server.room(), self.packer.max_batch_size)
+            items = self.queue.take(unit, room, min(server.payload_limit, self.packer.payload_limit))
+            if items:
+                self.pool.reserve(server, len(items))
+                task = asyncio.get_running_loop().create_task(self._request(server, unit, items))
+                self.tasks.add(task)
+                task.add_done_callback(self._finished)
+            return True
+        return False
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.fatal is None:
+            self.fatal = task.exception()
+        self.wake.set()
+
+    async def _request(self, server: Server, unit: Unit | None, items: list[Item]) -> None:
+        packer = self.queue.packer_for(unit)
+        request = packer.request([i.encoded for i in items], sum(i.chars for i in items))
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
+        released = False
+        try:
+            try:
+                vectors = await server.client.embed(request)
+                if vectors.shape[1] != self.dimension:
+                    raise TeiUnavailable(f"answered {vectors.shape[1]}-dimension vectors, not {self.dimension}",
+                                         server=server.url, status_code=200)
+            except TeiError as exc:
+                self.pool.release(server, len(items))
+                released = True
+                server.stats.count_error(type(exc).__name__)
+                self._handle(server, unit, items, exc, request, sent_at)
+                return
+            self.pool.release(server, len(items))
+            released = True
+            self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time())
+        finally:
+            if not released:
+                self.pool.release(server, len(items))
+        positions = np.fromiter((i.position for i in items), dtype=np.int64, count=len(items))
         self.vectors[positions] = vectors
         self.ok[positions] = True
+        self.truncated[positions] = [i.truncated for i in items]
 
-    async def _handle(self, batch: Batch, server: Server, exc: TeiError) -> None:
+    def _handle(self, server: Server, unit: Unit | None, items: list[Item], exc: TeiError,
+                request: EmbedRequest, sent_at: float) -> None:
+        now = asyncio.get_running_loop().time()
+        attempts = unit.attempts if unit is not None else 0
+        overloads = unit.overloads if unit is not None else 0
+        truncating = unit.truncating if unit is not None else False
         if isinstance(exc, TeiOverloaded):
-            # Nothing was processed: wait and resend; bounded, so a stuck server cannot loop forever.
-            self.overloads += 1
-            if self.overloads > MAX_OVERLOAD_RETRIES * max(1, len(self.pool.servers)):
+            # Nothing was processed: wait and resend. Bounded, so a stuck server cannot loop forever.
+            self.pool.overloaded(server, sent_at=sent_at, now=now)
+            if overloads >= MAX_OVERLOAD_RETRIES:
                 raise exc
             server.stats.retries += 1
-            await asyncio.sleep(exc.retry_after or backoff(min(batch.attempt, 6)))
-            self._put(Batch(batch.positions, batch.request, batch.attempt))
-            return
-        if isinstance(exc, PayloadTooLarge | TooManyInputs | InputTooLong | TeiRequestError):
-            reason = {InputTooLong: FAILURE_TOO_LONG, PayloadTooLarge: FAILURE_PAYLOAD,
-                      TooManyInputs: FAILURE_PAYLOAD}.get(type(exc), FAILURE_REFUSED)
-            self._split_or_fail(batch, reason, exc)
-            return
-        if isinstance(exc, TeiUnavailable):
-            if exc.status_code is None or exc.status_code == 503:
-                await self.pool.mark_down(server)
-            if batch.attempt >= self.max_retries:
-                self._split_or_fail(batch, FAILURE_EMBED, exc)
+            wait = min(exc.retry_after, MAX_RETRY_AFTER_S) if exc.retry_after is not None else backoff(overloads)
+            self.queue.put(Unit(items, attempts, overloads + 1, None, now + wait, truncating))
+        elif isinstance(exc, PayloadTooLarge):
+            server.learn_payload_limit(len(request.body))
+            # Alone, it comes back to the queue, which cuts it to the learned limit or rejects it.
+            self._split(items, truncating, alone=Unit(items, attempts, 0, None, now, truncating))
+        elif isinstance(exc, TooManyInputs):
+            server.learn_batch_cap(len(items))
+            self._split_or_fail(items, truncating, FAILURE_REFUSED, exc)
+        elif isinstance(exc, InputTooLong):
+            if len(items) == 1 and not truncating and self.packer.options.on_too_long == ON_TOO_LONG_TRUNCATE:
+                items[0].truncated = True
+                self.queue.put(Unit(items, truncating=True, due=now), first=True)
+            else:
+                self._split_or_fail(items, truncating, FAILURE_TOO_LONG, exc)
+        elif isinstance(exc, TeiRequestError):
+            self._split_or_fail(items, truncating, FAILURE_REFUSED, exc)
+        elif isinstance(exc, TeiUnavailable):
+            self.pool.failed(server)
+            if attempts >= self.max_retries:
+                self._split_or_fail(items, truncating, FAILURE_EMBED, exc)
                 return
             server.stats.retries += 1
-            await asyncio.sleep(backoff(batch.attempt, base=0.2))
-            self._put(Batch(batch.positions, batch.request, batch.attempt + 1))
-            return
-        raise exc
+            wait = backoff(attempts, base=2 * _BACKOFF_BASE_S)
+            self.queue.put(Unit(items, attempts + 1, 0, server.url, now + wait, truncating))
+        else:
+            raise exc  # 401, wrong model kind: nothing else can succeed
 
-    def _split_or_fail(self, batch: Batch, reason: str, exc: TeiError) -> None:
-        if len(batch.positions) > 1:
-            for half in self.packer.split(batch, self.texts):
-                self._put(half)
+    def _split_or_fail(self, items: list[Item], truncating: bool, reason: str, exc: TeiError) -> None:
+        if len(items) > 1:
+            self._split(items, truncating)
+        else:
+            self.queue.fail(items, reason, str(exc))
+
+    def _split(self, items: list[Item], truncating: bool, alone: Unit | None = None) -> None:
+        """Resend ``items`` as two halves, each on its own, with a fresh retry budget."""
+        if len(items) == 1:
+            if alone is not None:
+                self.queue.put(alone, first=True)
             return
-        detail = str(exc)
-        self.failures.append(Failure(batch.positions[0], reason, detail))
+        middle = len(items) // 2
+        for half in (items[middle:], items[:middle]):
+            self.queue.put(Unit(list(half), truncating=truncating), first=True)

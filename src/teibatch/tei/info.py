@@ -39,8 +39,8 @@ class ServerInfo:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServerInfo:
-        """Parse ``/info``; fields older servers lack fall back to TEI's defaults."""
-        model_type = data.get("model_type") or {}
+        """Parse ``/info`` (or :meth:`to_json`'s output); fields older servers lack get TEI's defaults."""
+        model_type = data.get("model_type") or {data.get("model_kind", "embedding"): {"pooling": data.get("pooling")}}
         kind = next(iter(model_type), "embedding") if isinstance(model_type, dict) else str(model_type)
         details = model_type.get(kind) if isinstance(model_type, dict) else None
         pooling = details.get("pooling") if isinstance(details, dict) else None

@@ -1,18 +1,29 @@
-"""A pool of TEI servers: inputs-in-flight budgets, server choice, health and probing."""
+"""A pool of TEI servers: in-flight budgets, adaptive windows, server choice, health and probing.
+
+Each :class:`Server` holds this client's share of one server (its :class:`ClientLimits`) and an
+AIMD :class:`~teibatch.tei.window.ConcurrencyWindow` below that share; inputs in flight to a server
+never exceed its window, so they never exceed the share. A server that fails ``down_after`` times
+in a row (no answer, 503, another 5xx) is taken out, probed on ``/health`` in the background and put
+back when it answers; with no server left for ``down_grace`` seconds, :meth:`EndpointPool.check_alive`
+raises :class:`~teibatch.errors.CapacityUnavailable` (the run stops; the same command resumes it).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from teibatch.errors import CapacityUnavailable
 from teibatch.tei.client import TeiClient
 from teibatch.tei.info import ClientLimits
+from teibatch.tei.window import DEFAULT_LATENCY_FACTOR, ConcurrencyWindow
 
 DEFAULT_PROBE_INTERVAL_S = 1.0
 DEFAULT_DOWN_GRACE_S = 30.0
+DEFAULT_DOWN_AFTER = 3
 
 
 @dataclass
@@ -24,125 +35,193 @@ class ServerStats:
     retries: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    marked_down: int = 0
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
     def to_json(self) -> dict[str, object]:
         return {"requests": self.requests, "inputs": self.inputs, "retries": self.retries,
-                "errors": dict(sorted(self.errors.items())), "seconds": round(self.seconds, 3)}
+                "errors": dict(sorted(self.errors.items())), "seconds": round(self.seconds, 3),
+                "marked_down": self.marked_down}
 
 
-@dataclass
 class Server:
-    """One server as the pool sees it: its client, limits, inputs in flight and health."""
+    """One server as the pool sees it: its client, limits, window, what is in flight, and health."""
 
-    client: TeiClient
-    limits: ClientLimits
-    in_flight: int = 0
-    healthy: bool = True
-    stats: ServerStats = field(default_factory=ServerStats)
+    def __init__(self, client: TeiClient, limits: ClientLimits, *,
+                 latency_factor: float = DEFAULT_LATENCY_FACTOR) -> None:
+        self.client = client
+        self.limits = limits
+        self.window = ConcurrencyWindow(limits.max_inflight_inputs, limits.max_batch_size,
+                                        latency_factor=latency_factor)
+        self.in_flight = 0
+        self.requests_in_flight = 0
+        self.healthy = True
+        self.failures = 0
+        self.payload_limit = limits.payload_limit
+        self.batch_cap = limits.max_batch_size
+        self.stats = ServerStats()
+
+    def __repr__(self) -> str:
+        return f"Server({self.url!r}, in_flight={self.in_flight}, {self.window!r}, healthy={self.healthy})"
 
     @property
     def url(self) -> str:
         return self.client.url
 
     @property
+    def max_requests(self) -> int:
+        """Requests in flight at most: a full share in full batches, plus one (connections to keep)."""
+        return self.limits.max_inflight_inputs // self.limits.max_batch_size + 1
+
+    @property
     def free(self) -> int:
-        return self.limits.max_inflight_inputs - self.in_flight
+        """Inputs that may be sent now under the window."""
+        return self.window.limit - self.in_flight
+
+    @property
+    def batch_limit(self) -> int:
+        """Inputs in one request at most."""
+        return max(1, min(self.batch_cap, self.window.limit))
+
+    def room(self) -> int:
+        """Inputs one more request may carry now (0: not now)."""
+        if not self.healthy or self.requests_in_flight >= self.max_requests:
+            return 0
+        return max(0, min(self.free, self.batch_limit))
+
+    def learn_payload_limit(self, refused_size: int) -> None:
+        """A body of ``refused_size`` bytes got 413: the real limit is lower than configured."""
+        self.payload_limit = min(self.payload_limit, refused_size - 1)
+
+    def learn_batch_cap(self, refused_count: int) -> None:
+        """A request of ``refused_count`` inputs was refused as too many."""
+        self.batch_cap = max(1, min(self.batch_cap, refused_count // 2))
 
 
 class EndpointPool:
-    """Hands out servers with room for a request, never more inputs in flight than each one's limit.
+    """Picks a server for each request and keeps every server's accounting and health.
 
-    A server marked down is probed on ``/health`` in the background and comes back when it answers.
-    With every server down for ``down_grace`` seconds, :meth:`acquire` raises :class:`CapacityUnavailable`.
+    Everything runs on one event loop: picking, reserving and releasing never await, so counts
+    cannot race. ``listeners`` are called whenever room may have appeared (a server came back).
     """
 
     def __init__(self, servers: list[Server], *, probe_interval: float = DEFAULT_PROBE_INTERVAL_S,
-                 down_grace: float = DEFAULT_DOWN_GRACE_S) -> None:
+                 down_grace: float = DEFAULT_DOWN_GRACE_S, down_after: int = DEFAULT_DOWN_AFTER) -> None:
         if not servers:
             raise CapacityUnavailable("no TEI server to send requests to")
         self.servers = servers
-        self._probe_interval = probe_interval
-        self._down_grace = down_grace
-        self._changed = asyncio.Condition()
+        self.probe_interval = probe_interval
+        self.down_grace = down_grace
+        self.down_after = max(1, down_after)
+        self.listeners: list[Callable[[], None]] = []
         self._probes: set[asyncio.Task[None]] = set()
+        self._all_down_since: float | None = None
         self._closed = False
 
     @property
     def max_batch_size(self) -> int:
-        return min(s.limits.max_batch_size for s in self.servers)
+        """The largest request any server takes (each request also obeys its own server's limit)."""
+        return max(s.limits.max_batch_size for s in self.servers)
 
     @property
     def payload_limit(self) -> int:
-        return min(s.limits.payload_limit for s in self.servers)
+        """The largest body any server takes (each request also obeys its own server's limit)."""
+        return max(s.limits.payload_limit for s in self.servers)
+
+    @property
+    def smallest_payload_limit(self) -> int:
+        """A body this size fits every server."""
+        return min(s.payload_limit for s in self.servers)
 
     @property
     def capacity(self) -> int:
         """Inputs that may be in flight over all healthy servers."""
-        return sum(s.limits.max_inflight_inputs for s in self.servers if s.healthy)
+        return sum(s.window.limit for s in self.servers if s.healthy)
 
-    async def acquire(self, count: int, avoid: str | None = None) -> Server:
-        """Reserve ``count`` inputs on the healthy server with the most room (not ``avoid`` if possible)."""
-        deadline: float | None = None
-        async with self._changed:
-            while True:
-                server = self._pick(count, avoid)
-                if server is not None:
-                    server.in_flight += count
-                    return server
-                if any(s.healthy for s in self.servers):
-                    deadline = None
-                    await self._changed.wait()
-                    continue
-                deadline = deadline or time.monotonic() + self._down_grace
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    urls = ", ".join(s.url for s in self.servers)
-                    raise CapacityUnavailable(
-                        f"every TEI server stopped answering for {self._down_grace:.0f}s ({urls}); "
-                        "the run stops here and the same command resumes it")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=remaining)
+    def pick(self, want: int, avoid: str | None = None) -> Server | None:
+        """The healthy server with the most room for a request of up to ``want`` inputs, or None.
 
-    def _pick(self, count: int, avoid: str | None) -> Server | None:
-        ready = [s for s in self.servers if s.healthy and s.free >= count]
-        if not ready:
-            return None
-        preferred = [s for s in ready if s.url != avoid] or ready
-        return max(preferred, key=lambda s: s.free)
+        A server qualifies when it has room for a full request (``min(want, its batch limit)``).
+        ``avoid`` (a URL) is used only when no other server is healthy: a request that failed there
+        is resent on another one.
+        """
+        healthy = [s for s in self.servers if s.healthy]
+        if avoid is not None and any(s.url != avoid for s in healthy):
+            healthy = [s for s in healthy if s.url != avoid]
+        ready = [s for s in healthy if s.room() >= max(1, min(want, s.batch_limit))]
+        return max(ready, key=lambda s: s.free) if ready else None
 
-    async def release(self, server: Server, count: int) -> None:
-        async with self._changed:
-            server.in_flight -= count
-            self._changed.notify_all()
+    def reserve(self, server: Server, count: int) -> None:
+        server.in_flight += count
+        server.requests_in_flight += 1
 
-    async def mark_down(self, server: Server) -> None:
+    def release(self, server: Server, count: int) -> None:
+        server.in_flight -= count
+        server.requests_in_flight -= 1
+
+    def succeeded(self, server: Server, count: int, *, sent_at: float, now: float) -> None:
+        server.failures = 0
+        server.stats.requests += 1
+        server.stats.inputs += count
+        server.stats.seconds += now - sent_at
+        server.window.on_success(count, now - sent_at, sent_at=sent_at, now=now)
+
+    def overloaded(self, server: Server, *, sent_at: float, now: float) -> None:
+        server.window.on_overload(sent_at=sent_at, now=now)
+
+    def failed(self, server: Server) -> None:
+        """A request to ``server`` got no useful answer; enough in a row take the server out."""
+        server.failures += 1
+        if server.failures >= self.down_after:
+            self.mark_down(server)
+
+    def mark_down(self, server: Server) -> None:
         """Take ``server`` out of rotation and probe it until it answers ``/health`` again."""
-        async with self._changed:
-            if not server.healthy or self._closed:
-                return
-            server.healthy = False
-            self._changed.notify_all()
-        task = asyncio.create_task(self._probe(server))
+        if not server.healthy or self._closed:
+            return
+        server.healthy = False
+        server.stats.marked_down += 1
+        task = asyncio.get_running_loop().create_task(self._probe(server))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
+    def check_alive(self) -> None:
+        """Raise :class:`CapacityUnavailable` once no server has been healthy for ``down_grace`` s."""
+        if any(s.healthy for s in self.servers):
+            self._all_down_since = None
+            return
+        now = time.monotonic()
+        if self._all_down_since is None:
+            self._all_down_since = now
+        elif now - self._all_down_since >= self.down_grace:
+            urls = ", ".join(s.url for s in self.servers)
+            raise CapacityUnavailable(
+                f"every TEI server stopped answering for {self.down_grace:.0f}s ({urls}); "
+                "the run stops here and the same command resumes it")
+
     async def _probe(self, server: Server) -> None:
         while not self._closed:
-            await asyncio.sleep(self._probe_interval)
-            if await server.client.healthy(timeout=max(1.0, self._probe_interval)):
-                async with self._changed:
-                    server.healthy = True
-                    self._changed.notify_all()
+            await asyncio.sleep(self.probe_interval)
+            if await server.client.healthy():
+                server.healthy = True
+                server.failures = 0
+                server.window.restart()
+                for listener in list(self.listeners):
+                    listener()
                 return
 
     async def close(self) -> None:
         self._closed = True
         for task in list(self._probes):
             task.cancel()
-        await asyncio.gather(*self._probes, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._probes, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, object]]:
-        return {s.url: s.stats.to_json() for s in self.servers}
+        result = {}
+        for s in self.servers:
+            result[s.url] = {**s.stats.to_json(), "window": s.window.limit,
+                             "window_decreases": s.window.decreases}
+        return result

@@ -6,13 +6,14 @@ of the run together under ``max_concurrent_requests``; it moves only below that:
 
 * **halve** on a 429 (someone else uses the server too, or it lies about its limit), and when
   latency grows: the recent latency (a fast moving average) passes ``latency_factor`` times the
-  long-run latency (a slow one), i.e. the server got slower for the same load;
+  long-run latency (a slow one that follows gradual change but not jumps), i.e. the server got
+  slower for the same load; the latency is then learned afresh at the new window;
 * **add one batch** each time a whole window of inputs came back without either signal, up to the
   ceiling, so the server is kept busy again once it keeps up;
 * never under ``floor`` (one batch), so a server is never starved to zero.
 
-One decrease per congestion event: a signal from a request sent before the last decrease took
-effect is ignored, so a burst of 429s from one window halves it once, not ten times.
+One decrease per congestion event: a signal from a request sent before the last decrease is
+ignored, so a burst of 429s from one window halves it once, not ten times.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 DEFAULT_LATENCY_FACTOR = 3.0
 FAST_WEIGHT = 0.3
 SLOW_WEIGHT = 0.02
+SLOW_STEP = 1.5
 WARMUP_SAMPLES = 8
 
 
@@ -54,7 +56,7 @@ class ConcurrencyWindow:
     def on_success(self, inputs: int, latency: float, *, sent_at: float, now: float) -> None:
         """A request of ``inputs`` sent at ``sent_at`` answered after ``latency`` seconds."""
         self._observe(latency)
-        if self._latency_grew() and sent_at >= self._effective_from:
+        if self._latency_grew() and sent_at > self._effective_from:
             self._decrease(now)
             # Learn the latency afresh at the new window (requests still queued drain meanwhile).
             self._forget()
@@ -67,7 +69,7 @@ class ConcurrencyWindow:
 
     def on_overload(self, *, sent_at: float, now: float) -> None:
         """A request sent at ``sent_at`` got 429: nothing was processed, the server is full."""
-        if sent_at >= self._effective_from:
+        if sent_at > self._effective_from:
             self._decrease(now)
 
     def restart(self) -> None:
@@ -81,23 +83,32 @@ class ConcurrencyWindow:
         self._samples = 0
 
     def _decrease(self, effective_from: float) -> None:
-        self.limit = max(self.floor, self.limit // 2)
-        self.decreases += 1
+        smaller = max(self.floor, self.limit // 2)
+        self.decreases += smaller < self.limit
+        self.limit = smaller
         self._acked = 0
         self._effective_from = effective_from
 
     def _observe(self, latency: float) -> None:
-        # Bias-corrected moving averages: a plain mean over the first samples, then exponential.
+        # A plain mean over the warm-up, then moving averages. The slow one takes each sample at most
+        # SLOW_STEP times its value, so a sudden jump shows against the level before it instead of
+        # dragging the baseline up with it; a gradual rise is followed.
         self._samples += 1
         if self._fast is None or self._slow is None:
             self._fast = self._slow = latency
             return
         self._fast += max(FAST_WEIGHT, 1 / self._samples) * (latency - self._fast)
-        self._slow += max(SLOW_WEIGHT, 1 / self._samples) * (latency - self._slow)
+        if self._samples <= self._warmup:
+            self._slow += (latency - self._slow) / self._samples
+        else:
+            self._slow += SLOW_WEIGHT * (min(latency, SLOW_STEP * self._slow) - self._slow)
+
+    @property
+    def _warmup(self) -> int:
+        # Two full windows of requests: at the start the server's queue is still filling up.
+        return max(WARMUP_SAMPLES, 2 * self.ceiling // self.step)
 
     def _latency_grew(self) -> bool:
-        # Judge only after a full window of requests: at the start the queue is still filling up.
-        warmup = max(WARMUP_SAMPLES, 2 * self.ceiling // self.step)
-        if self._samples < warmup or self._fast is None or self._slow is None:
+        if self._samples <= self._warmup or self._fast is None or self._slow is None:
             return False
         return self._fast > self.latency_factor * self._slow

@@ -1,0 +1,195 @@
+"""How much of the servers' capacity the TEI client uses, and what it costs in client CPU.
+
+Not a test: it prints numbers, each beside a baseline measured in the same run.
+
+1. **Capacity.** Starts ``--servers`` built-in servers (``python -m teibatch serve --simulate-gpu
+   RATE``, each answering like a GPU of RATE tokens/s, with an API key) and embeds a corpus over all
+   of them with :func:`teibatch.tei.embed_texts` (what each shard task runs; limits from ``/info``),
+   once with ``route: auto`` (base64 here) and once with ``/embed``. Prints the tokens/s the servers
+   embedded (from their ``/teibatch/stats``) against the summed configured rate; the target is at
+   least 95%.
+2. **Client CPU per million 1024-dimension vectors**, for ``/embed`` (JSON floats, orjson → numpy)
+   and for ``/v1/embeddings`` with base64, beside a plain loop (``httpx.Client`` +
+   ``response.json()`` + ``numpy``) against the same server. CPU is this process's
+   (``time.process_time``); the server runs in its own process. Also the decoders alone, on one
+   answer of each kind, beside ``json.loads``.
+
+Run (about 2 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/bench_client.py
+
+Only 127.0.0.1 is used; every server is stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from teibatch.endpoint import Endpoint
+from teibatch.fleet import LocalProvider
+from teibatch.server.tokens import ApproxTokenizer
+from teibatch.tei import (
+    ROUTE_AUTO,
+    ROUTE_EMBED,
+    ROUTE_OPENAI_BASE64,
+    ClientLimits,
+    EmbedOptions,
+    EndpointPool,
+    RequestPacker,
+    Server,
+    TeiClient,
+    choose_route,
+    embed_texts,
+)
+from teibatch.tei.decode import decode_base64, decode_embed
+
+
+def documents(count: int, words: int, seed: int = 0) -> list[str]:
+    vocabulary = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+    return [f"doc {seed}-{i} " + " ".join(vocabulary[(i * 7 + j * 3) % len(vocabulary)] for j in range(words))
+            for i in range(count)]
+
+
+async def _embed(endpoints: list[Endpoint], texts: list[str], route: str,
+                 dimension: int) -> tuple[dict[str, Any], str]:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=400, max_keepalive_connections=400)) as http:
+        servers, infos = [], []
+        for endpoint in endpoints:
+            client = TeiClient(endpoint, http)
+            info = await client.info()
+            infos.append(info)
+            servers.append(Server(client, ClientLimits.derive(info)))
+        chosen = choose_route(route, EmbedOptions(), infos[0])
+        pool = EndpointPool(servers)
+        packer = RequestPacker(chosen, EmbedOptions(), max_batch_size=pool.max_batch_size,
+                               payload_limit=pool.payload_limit)
+        try:
+            result = await embed_texts(pool, packer, texts, dimension=dimension)
+        finally:
+            await pool.close()
+        assert result.ok.all(), result.failures[:3]
+        return pool.stats(), chosen
+
+
+def _server_stats(endpoints: list[Endpoint], reset: bool = False) -> list[dict[str, Any]]:
+    method = "DELETE" if reset else "GET"
+    return [httpx.request(method, f"{e.url}/teibatch/stats", timeout=10).json() for e in endpoints]
+
+
+def capacity(args: argparse.Namespace) -> dict[str, Any]:
+    server_args = ["--simulate-gpu", str(args.rate)]
+    provider = LocalProvider(args.servers, server_args=server_args, startup_timeout=60)
+    endpoints = provider.up()
+    try:
+        tokens_per_doc = ApproxTokenizer().count(documents(1, args.words)[0])
+        count = int(args.servers * args.rate * args.seconds / tokens_per_doc)
+        asyncio.run(_embed(endpoints, documents(count // 20, args.words, seed=1), ROUTE_AUTO, 384))  # warm-up
+        runs = {}
+        for route in (ROUTE_AUTO, ROUTE_EMBED):
+            _server_stats(endpoints, reset=True)
+            texts = documents(count, args.words, seed=len(runs) + 2)
+            started, cpu = time.monotonic(), time.process_time()
+            stats, chosen = asyncio.run(_embed(endpoints, texts, route, 384))
+            wall, cpu = time.monotonic() - started, time.process_time() - cpu
+            served = _server_stats(endpoints)
+            tokens = sum(s["tokens_embedded"] for s in served)
+            configured = args.servers * args.rate
+            runs[f"route {route} ({chosen})"] = {
+                "documents": count, "wall_s": round(wall, 2), "tokens": tokens,
+                "achieved_tokens_per_s": round(tokens / wall), "configured_tokens_per_s": configured,
+                "ratio": round(tokens / wall / configured, 4), "client_cpu_s": round(cpu, 2),
+                "violations": sum(sum(s["violations"].values()) for s in served),
+                "window_decreases": sum(int(s["window_decreases"]) for s in stats.values())}
+    finally:
+        provider.down()
+    return {"servers": args.servers, "rate_per_server": args.rate, "tokens_per_document": tokens_per_doc, **runs}
+
+
+def _plain_loop(url: str, key: str, texts: list[str], batch: int) -> None:
+    """What one writes without teibatch: one request at a time, httpx + json + numpy.
+
+    Its vectors go into one result matrix, as the client's do (writing fresh memory has a cost).
+    """
+    result = np.zeros((len(texts), 1024), dtype=np.float32)
+    with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=60) as http:
+        for i in range(0, len(texts), batch):
+            response = http.post(f"{url}/embed", json={"inputs": texts[i:i + batch]})
+            response.raise_for_status()
+            result[i:i + batch] = np.array(response.json(), dtype=np.float32)
+
+
+def cpu_per_million(args: argparse.Namespace) -> dict[str, Any]:
+    provider = LocalProvider(1, server_args=["--dimension", "1024", "--max-concurrent-requests", "128"],
+                             startup_timeout=60)
+    (endpoint,) = provider.up()
+    results: dict[str, Any] = {"vectors": args.vectors, "dimension": 1024}
+    try:
+        texts = [f"v {i}" for i in range(args.vectors)]
+        asyncio.run(_embed([endpoint], texts[:256], ROUTE_EMBED, 1024))  # warm-up
+        for name, run in (("plain_json_httpx", lambda: _plain_loop(endpoint.url, endpoint.api_key or "", texts, 32)),
+                          ("embed", lambda: asyncio.run(_embed([endpoint], texts, ROUTE_EMBED, 1024))),
+                          ("base64", lambda: asyncio.run(_embed([endpoint], texts, ROUTE_OPENAI_BASE64, 1024)))):
+            cpu, wall = time.process_time(), time.monotonic()
+            run()
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+            results[name] = {"cpu_s_per_1M": round(cpu / args.vectors * 1e6, 1), "wall_s": round(wall, 2)}
+        with httpx.Client(headers={"authorization": f"Bearer {endpoint.api_key}"}, timeout=60) as http:
+            body = {"inputs": texts[:32], "normalize": True}
+            floats = http.post(f"{endpoint.url}/embed", json=body).content
+            b64 = http.post(f"{endpoint.url}/v1/embeddings",
+                            json={"input": texts[:32], "encoding_format": "base64"}).content
+    finally:
+        provider.down()
+    decoders = {"json_loads_numpy": lambda: np.array(json.loads(floats), dtype=np.float32),
+                "orjson_numpy (/embed)": lambda: decode_embed(floats),
+                "base64 (/v1/embeddings)": lambda: decode_base64(b64)}
+    assert np.array_equal(decoders["json_loads_numpy"](), decode_embed(floats))
+    assert np.array_equal(decode_base64(b64), decode_embed(floats))
+    results["decode_only_cpu_s_per_1M"] = {}
+    for name, decode in decoders.items():
+        repeats = 200
+        cpu = time.process_time()
+        for _ in range(repeats):
+            decode()
+        cpu = time.process_time() - cpu
+        results["decode_only_cpu_s_per_1M"][name] = round(cpu / (repeats * 32) * 1e6, 1)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=25_000.0, help="--simulate-gpu tokens/s per server")
+    parser.add_argument("--seconds", type=float, default=25.0, help="planned length of each capacity run")
+    parser.add_argument("--words", type=int, default=60, help="words per document (about one token each)")
+    parser.add_argument("--vectors", type=int, default=16_384, help="vectors per CPU measurement")
+    parser.add_argument("--skip-capacity", action="store_true")
+    parser.add_argument("--skip-cpu", action="store_true")
+    args = parser.parse_args()
+    print(f"# bench_client on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    report: dict[str, Any] = {}
+    if not args.skip_capacity:
+        report["capacity"] = capacity(args)
+        print(json.dumps({"capacity": report["capacity"]}, indent=2), flush=True)
+    if not args.skip_cpu:
+        report["cpu"] = cpu_per_million(args)
+        cpu = report["cpu"]
+        for name in ("embed", "base64"):
+            cpu[name]["vs_plain"] = round(cpu["plain_json_httpx"]["cpu_s_per_1M"] / cpu[name]["cpu_s_per_1M"], 2)
+        print(json.dumps({"cpu": cpu}, indent=2), flush=True)
+    ok = all(run["ratio"] >= 0.95 for run in report.get("capacity", {}).values() if isinstance(run, dict))
+    print(f"# capacity target (>= 95% of summed configured rate): {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

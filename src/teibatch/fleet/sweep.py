@@ -1,0 +1,73 @@
+"""``teibatch fleet sweep``: find in the ledger what killed runs left, and finish it.
+
+A run is swept when some of its instances are not ``destroyed`` and its driver no longer runs
+(``force`` sweeps it anyway). Sweeping a run is the same :func:`~teibatch.fleet.lifecycle.finish` a
+run ends with: remove its containers (found on each host by the run label), export the volumes to
+the run's ``export.to`` (credentials from the environment: the ledger holds none), then destroy what
+may be destroyed. Sweeping again is harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from teibatch.errors import ExportFailed, FleetError
+from teibatch.fleet.base import InstanceState
+from teibatch.fleet.hosted import ContainerProvider
+from teibatch.fleet.ledger import Ledger, driver_alive
+from teibatch.fleet.lifecycle import ExportPlan, finish
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep did with one run: ``destroyed``, ``kept`` (export not verified), ``failed``,
+    ``skipped`` (its driver still runs), or ``would sweep`` (dry run)."""
+
+    run_id: str
+    provider: str
+    instances: tuple[str, ...]
+    action: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "provider": self.provider, "instances": list(self.instances),
+                "action": self.action, "detail": self.detail}
+
+
+def sweep(ledger: Ledger | None = None, *, run_id: str | None = None, dry_run: bool = False,
+          waive_export: bool = False, force: bool = False) -> list[SweepResult]:
+    """Finish every run the ledger shows unfinished (or just ``run_id``); one result per run."""
+    ledger = ledger or Ledger()
+    results = []
+    for record in ledger.runs():
+        rid = str(record.get("run_id", "?"))
+        if run_id and rid != run_id:
+            continue
+        left = tuple(name for name, entry in record.get("instances", {}).items()
+                     if entry.get("state") != InstanceState.DESTROYED.value)
+        if not left:
+            continue
+        provider_name = str(record.get("provider", "?"))
+        if driver_alive(record.get("driver", {})) and not force:
+            pid = record.get("driver", {}).get("pid")
+            results.append(SweepResult(rid, provider_name, left, "skipped",
+                                       f"its driver (pid {pid}) still runs; --force sweeps it anyway"))
+            continue
+        if record.get("config", {}).get("kind") != "container":
+            results.append(SweepResult(rid, provider_name, left, "skipped", "nothing this provider can sweep"))
+            continue
+        if dry_run:
+            results.append(SweepResult(rid, provider_name, left, "would sweep",
+                                       f"export to {record.get('export_to')}" if record.get("export_to") else ""))
+            continue
+        provider = ContainerProvider.from_ledger(record, ledger)
+        try:
+            finish(provider, ExportPlan(to=record.get("export_to"), waive=waive_export))
+        except ExportFailed as exc:
+            results.append(SweepResult(rid, provider_name, left, "kept", str(exc)))
+        except FleetError as exc:
+            results.append(SweepResult(rid, provider_name, left, "failed", str(exc)))
+        else:
+            results.append(SweepResult(rid, provider_name, left, "destroyed"))
+    return results
