@@ -49,6 +49,8 @@ def run(documents: int, workdir: Path, servers: int) -> dict[str, float]:
     if done.returncode != 0:
         raise SystemExit(f"run of {documents} documents failed:\n{done.stderr}")
     report = orjson.loads(next((workdir / f"out-{documents}" / "runs").iterdir()).read_bytes())
+    if report["documents"]["embedded"] != documents:
+        raise SystemExit(f"embedded {report['documents']['embedded']} of {documents} documents")
     return {"documents": documents, "seconds": round(time.monotonic() - started, 1),
             "embedded": report["documents"]["embedded"], **report["memory"]}
 
@@ -62,9 +64,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="teibatch-bench-memory-") as tmp:
         small = run(args.small, Path(tmp), args.servers)
         large = run(args.large, Path(tmp), args.servers)
-    print(f"{'documents':>10} {'seconds':>8} {'driver MiB':>11} {'worker MiB':>11}")
+    print(f"{'documents':>10} {'seconds':>8} {'docs/s':>8} {'driver MiB':>11} {'worker MiB':>11}")
     for result in (small, large):
-        print(f"{result['documents']:>10,} {result['seconds']:>8} {result['driver_peak_rss_mb']:>11} "
+        rate = result["documents"] / result["seconds"]
+        print(f"{result['documents']:>10,} {result['seconds']:>8} {rate:>8,.0f} {result['driver_peak_rss_mb']:>11} "
               f"{result['worker_peak_rss_mb']:>11}")
     for key in ("driver_peak_rss_mb", "worker_peak_rss_mb"):
         growth = large[key] / small[key] - 1
