@@ -120,4 +120,4 @@ def test_fingerprint_tracks_vector_options(tmp_path: Path) -> None:
 
 def test_shipped_jobs_are_valid() -> None:
     for path in sorted((Path(__file__).parent.parent / "jobs").glob("*.yaml")):
-        load_job(path, environ={"TEI_API_KEY": "x"})
+        load_job(path, environ={"TEI_API_KEY": "x", "GPU_HOST_1": "127.0.0.1", "GPU_HOST_2": "127.0.0.1"})
