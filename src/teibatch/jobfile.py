@@ -49,7 +49,7 @@ def load_job_file(path: str | Path, overrides: list[str] | None = None,
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
+        data: dict[str, Any] = loader.construct_document(root) if root is not None else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -7,7 +7,7 @@ import time
 from typing import IO, Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 PLAIN_INTERVAL_S = 10.0
 
@@ -82,7 +82,7 @@ class LiveReporter:
             TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(),
             TextColumn("docs · {task.fields[rate]} docs/s · shards {task.fields[shards]}"),
             TimeRemainingColumn(), console=self.console, transient=False)
-        self._task: int | None = None
+        self._task: TaskID | None = None
         self._shards = self._done_shards = 0
         self._started = time.monotonic()
 

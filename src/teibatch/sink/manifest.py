@@ -120,8 +120,8 @@ def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list
         del manifest.shards[shard_id]
     for directory in (VECTORS_DIR, REJECTS_DIR):
         for name in store.list(directory):
-            shard_id = shard_of(name)
-            if name.startswith(TEMP_MARK) or (shard_id is not None and shard_id not in live):
+            part_of = shard_of(name)
+            if name.startswith(TEMP_MARK) or (part_of is not None and part_of not in live):
                 store.remove(f"{directory}/{name}")
     return dropped
 

@@ -38,7 +38,7 @@ class OutputStore:
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}"
 
-    def write_atomic(self, relative: str, write: Callable[[IO[bytes]], None]) -> None:
+    def write_atomic(self, relative: str, write: Callable[[IO[bytes]], object]) -> None:
         """Call ``write`` with a binary file object; the result appears at ``relative`` only when complete."""
         final = self.path(relative)
         directory, _, name = final.rpartition("/")

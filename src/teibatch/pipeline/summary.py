@@ -1,0 +1,73 @@
+"""What a run did: the counts, timings and per-server numbers that become its report."""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from teibatch import __version__
+from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb
+
+
+@dataclass
+class RunSummary:
+    """What a run did; also the body of its report."""
+
+    run_id: str
+    status: str = "running"
+    shards_total: int = 0
+    shards_skipped: int = 0
+    shards_committed: int = 0
+    shards_failed: int = 0
+    documents_read: int = 0
+    embedded: int = 0
+    reused: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    nodes: Counter[str] = field(default_factory=Counter)
+    worker_peak_rss_mb: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    def add(self, outcome: ShardOutcome) -> None:
+        self.shards_committed += 1
+        self.documents_read += outcome.read
+        self.embedded += outcome.rows - outcome.reused
+        self.reused += outcome.reused
+        self.rejected.update(outcome.reject_reasons)
+        if outcome.node:
+            self.nodes[outcome.node] += 1
+        self.worker_peak_rss_mb = max(self.worker_peak_rss_mb, outcome.peak_rss_mb)
+        for url, stats in outcome.servers.items():
+            total = self.servers.setdefault(url, {"requests": 0, "inputs": 0, "retries": 0, "errors": {}})
+            for key in ("requests", "inputs", "retries"):
+                total[key] += stats[key]
+            for kind, count in stats["errors"].items():  # type: ignore[attr-defined]
+                total["errors"][kind] = total["errors"].get(kind, 0) + count
+
+    def to_json(self) -> dict[str, Any]:
+        embed_s = self.timings.get("embed_s", 0.0)
+        return {
+            "run_id": self.run_id, "status": self.status, "teibatch_version": __version__,
+            "shards": {"total": self.shards_total, "skipped_committed": self.shards_skipped,
+                       "committed": self.shards_committed, "failed": self.shards_failed},
+            "documents": {"read": self.documents_read, "embedded": self.embedded,
+                          "skipped_unchanged": self.reused, "rejected": self.rejected_total,
+                          "rejected_by_reason": dict(sorted(self.rejected.items()))},
+            "shards_per_node": dict(sorted(self.nodes.items())),
+            "memory": {"driver_peak_rss_mb": peak_rss_mb(), "worker_peak_rss_mb": self.worker_peak_rss_mb},
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
+            "servers": self.servers, "errors": self.errors,
+        }
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
