@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -58,7 +59,8 @@ def ray_head_with_jobs() -> Iterator[tuple[str, dict[str, str]]]:
             raise AssertionError("the Ray job server did not come up")
         yield address, env
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
         try:
             head.wait(timeout=30)
         except subprocess.TimeoutExpired:
