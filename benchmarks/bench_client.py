@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from corpora import synthetic_text
 
 from teibatch.endpoint import Endpoint
 from teibatch.fleet import LocalProvider
@@ -54,9 +55,7 @@ from teibatch.tei.decode import decode_base64, decode_embed
 
 
 def documents(count: int, words: int, seed: int = 0) -> list[str]:
-    vocabulary = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
-    return [f"doc {seed}-{i} " + " ".join(vocabulary[(i * 7 + j * 3) % len(vocabulary)] for j in range(words))
-            for i in range(count)]
+    return [synthetic_text(i, words, prefix=f"doc {seed}-") for i in range(count)]
 
 
 async def _embed(endpoints: list[Endpoint], texts: list[str], route: str,

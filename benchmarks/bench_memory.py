@@ -19,25 +19,15 @@ from pathlib import Path
 
 import orjson
 import yaml
+from corpora import write_jsonl_corpus
 
 FILES = 10
-WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu")
-
-
-def generate(root: Path, documents: int) -> None:
-    root.mkdir(parents=True)
-    per_file = documents // FILES
-    for f in range(FILES):
-        with open(root / f"part-{f:02d}.jsonl", "wb") as handle:
-            for i in range(per_file):
-                n = f * per_file + i
-                text = " ".join(WORDS[(n * k) % len(WORDS)] for k in range(1, 9)) + f" {n}"
-                handle.write(orjson.dumps({"id": f"doc-{n}", "text": text}) + b"\n")
+WORDS = 8
 
 
 def run(documents: int, workdir: Path, servers: int) -> dict[str, float]:
     corpus = workdir / f"corpus-{documents}"
-    generate(corpus, documents)
+    write_jsonl_corpus(corpus, documents, WORDS, FILES)
     job = workdir / f"job-{documents}.yaml"
     job.write_text(yaml.safe_dump({
         "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 10_000},

@@ -20,25 +20,12 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 import yaml
+from corpora import write_jsonl_corpus
 
 from teibatch.fleet import LocalProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-
-VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
-
-
-def write_corpus(root: Path, documents: int, words: int, files: int = 8) -> None:
-    root.mkdir(parents=True)
-    per_file = documents // files
-    for f in range(files):
-        with open(root / f"part-{f}.jsonl", "wb") as handle:
-            for i in range(per_file):
-                n = f * per_file + i
-                text = f"doc {n} " + " ".join(VOCABULARY[(n * 7 + j * 3) % len(VOCABULARY)] for j in range(words))
-                handle.write(orjson.dumps({"id": str(n), "text": text}) + b"\n")
 
 
 def tokens_embedded(url: str) -> int:
@@ -56,7 +43,7 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     provider = LocalProvider(args.servers, server_args=["--simulate-gpu", str(args.rate)])
     with tempfile.TemporaryDirectory(prefix="teibatch-bench-runner-") as tmp:
-        write_corpus(Path(tmp) / "corpus", args.documents, args.words)
+        write_jsonl_corpus(Path(tmp) / "corpus", args.documents, args.words)
         endpoints = provider.up()
         try:
             os.environ["BENCH_TEI_KEY"] = provider.api_key
