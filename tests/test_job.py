@@ -46,7 +46,7 @@ def test_minimal_job_gets_every_default(tmp_path: Path) -> None:
                  "jsonl", id="bad-format"),
     pytest.param(MINIMAL + "servers:\n  provider: static\n", "servers", 5, "servers.urls",
                  id="static-without-urls"),
-    pytest.param(MINIMAL + "servers:\n  provider: static\n  urls: [ftp://x]\n", "servers.urls", 7,
+    pytest.param(MINIMAL + "servers:\n  provider: static\n  urls: [ftp://x]\n", "servers.urls.0.url", 7,
                  "http://", id="static-bad-url"),
     pytest.param(MINIMAL + "limits:\n  max_runtime: soon\n", "limits.max_runtime", 6, "duration",
                  id="bad-duration"),
@@ -121,3 +121,13 @@ def test_fingerprint_tracks_vector_options(tmp_path: Path) -> None:
 def test_shipped_jobs_are_valid() -> None:
     for path in sorted((Path(__file__).parent.parent / "jobs").glob("*.yaml")):
         load_job(path, environ={"TEI_API_KEY": "x", "GPU_HOST_1": "127.0.0.1", "GPU_HOST_2": "127.0.0.1"})
+
+
+def test_static_urls_plain_or_with_their_own_payload_limit(tmp_path: Path) -> None:
+    text = MINIMAL + ("servers:\n  provider: static\n  urls:\n    - http://127.0.0.1:8080/\n"
+                      "    - {url: 'http://127.0.0.1:8081', payload_limit: 50000}\n"
+                      "client:\n  max_input_length: 128\n")
+    job = load_job(write(tmp_path, text))
+    assert [(s.url, s.payload_limit) for s in job.servers.urls] == [
+        ("http://127.0.0.1:8080", None), ("http://127.0.0.1:8081", 50000)]
+    assert job.client.max_input_length == 128

@@ -78,10 +78,24 @@ class SshHostSection(_Section):
     host_key_checking: Literal["yes", "accept-new"] = "yes"
 
 
+class StaticServerSection(_Section):
+    """A static server with settings of its own (``servers.urls`` also takes plain URLs)."""
+
+    url: str
+    payload_limit: int | None = Field(None, ge=1024)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url.rstrip("/")
+
+
 class ServersSection(_Section):
     provider: Literal["local", "static", "ssh"] = "local"
     count: int = Field(DEFAULT_LOCAL_SERVERS, ge=1, le=64)
-    urls: tuple[str, ...] = ()
+    urls: tuple[StaticServerSection, ...] = ()
     api_key_env: str | None = None
     server_args: tuple[str, ...] = ()
     startup_timeout: float = Field(60.0, gt=0)
@@ -92,13 +106,13 @@ class ServersSection(_Section):
     volume: str | None = None
     remove_volume: bool = False
 
-    @field_validator("urls")
+    @field_validator("urls", mode="before")
     @classmethod
-    def _urls_are_http(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http:// or https:// URL")
-        return tuple(url.rstrip("/") for url in urls)
+    def _plain_urls(cls, urls: Any) -> Any:
+        """A plain URL is a server with default settings."""
+        if isinstance(urls, list | tuple):
+            return [{"url": u} if isinstance(u, str) else u for u in urls]
+        return urls
 
     @model_validator(mode="after")
     def _provider_needs(self) -> ServersSection:
@@ -136,11 +150,12 @@ class ClientSection(_Section):
     route: Literal["auto", "embed", "openai-base64"] = "auto"
     max_batch_size: int | Literal["auto"] = "auto"
     max_inflight_inputs: int | Literal["auto"] = "auto"
+    max_input_length: int | Literal["auto"] = "auto"
     payload_limit: int = Field(DEFAULT_PAYLOAD_LIMIT, ge=1024)
     max_retries: int = Field(DEFAULT_MAX_RETRIES, ge=0, le=100)
     request_timeout: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
 
-    @field_validator("max_batch_size", "max_inflight_inputs")
+    @field_validator("max_batch_size", "max_inflight_inputs", "max_input_length")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 1:

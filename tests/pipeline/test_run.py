@@ -176,3 +176,21 @@ def test_unreachable_static_server_is_incomplete_not_a_crash(
     with pytest.raises(CapacityUnavailable, match="answered /health"):
         run_job(load_job(job_file({"path": str(small_corpus)}, servers)))
     assert RunIncomplete.exit_code == 1
+
+
+def test_per_server_payload_limit_is_respected(tmp_path: Path, job_file: Callable[..., Path],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from teibatch.server.testing import running_server, server_stats
+
+    rows = [{"id": str(i), "text": f"document {i} " + "words " * 150} for i in range(120)]
+    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
+    monkeypatch.setenv("PAYLOAD_KEY", "k")
+    with running_server(api_key="k") as roomy, running_server(api_key="k", payload_limit=8_000) as tight:
+        servers = {"provider": "static", "api_key_env": "PAYLOAD_KEY",
+                   "urls": [roomy, {"url": tight, "payload_limit": 8_000}]}
+        summary = run_job(load_job(job_file({"path": str(tmp_path / "c"), "id_field": "id"}, servers)))
+        tight_stats = server_stats(tight)
+    assert summary.embedded == 120
+    assert tight_stats["inputs_embedded"] > 0
+    assert tight_stats["max_body_bytes"] <= 8_000
+    assert tight_stats["violations"]["payload"] == 0

@@ -22,18 +22,20 @@ class StaticProvider(Provider):
     name = "static"
 
     def __init__(self, urls: list[str], *, api_key: str | None = None, startup_timeout: float = 30.0,
-                 payload_limit: int | None = None) -> None:
+                 payload_limit: int | None = None, payload_limits: dict[str, int] | None = None) -> None:
+        """``payload_limit`` is every server's request body limit, ``payload_limits`` one per URL."""
         self.urls = urls
         self.api_key = api_key
         self.startup_timeout = startup_timeout
         self.payload_limit = payload_limit
+        self.payload_limits = dict(payload_limits or {})
 
     def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
         deadline = time.monotonic() + self.startup_timeout
         healthy = []
         for url in self.urls:
             if wait_healthy(url, deadline):
-                healthy.append(Endpoint(url, self.api_key, self.payload_limit))
+                healthy.append(Endpoint(url, self.api_key, self.payload_limits.get(url, self.payload_limit)))
             else:
                 log.warning("%s: no answer on /health within %.0fs; going on without it",
                             url, self.startup_timeout)

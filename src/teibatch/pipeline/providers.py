@@ -47,8 +47,9 @@ def provider_for(job: JobSpec) -> Provider:
     servers = job.servers
     payload_limit = job.client.payload_limit
     if servers.provider == "static":
-        return StaticProvider(list(servers.urls), api_key=api_key_from_env(job),
-                              startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
+        return StaticProvider([s.url for s in servers.urls], api_key=api_key_from_env(job),
+                              startup_timeout=servers.startup_timeout, payload_limit=payload_limit,
+                              payload_limits={s.url: s.payload_limit for s in servers.urls if s.payload_limit})
     if servers.provider == "ssh":
         return _ssh_provider(job)
     if _local_engine(job) == "docker":

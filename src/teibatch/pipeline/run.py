@@ -169,6 +169,7 @@ def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
         server.info,
         max_batch_size=None if client.max_batch_size == "auto" else client.max_batch_size,
         max_inflight_inputs=None if client.max_inflight_inputs == "auto" else client.max_inflight_inputs,
+        max_input_length=None if client.max_input_length == "auto" else client.max_input_length,
         payload_limit=server.endpoint.payload_limit or client.payload_limit)
 
 
