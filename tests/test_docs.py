@@ -9,10 +9,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_cli_reference_is_current() -> None:
+def test_generated_reference_pages_are_current() -> None:
     # In a fresh process: click caches each command's help option on first use, so a command
     # invoked alone by an earlier test would print differently here.
-    check = subprocess.run([sys.executable, str(REPO / "scripts" / "cli_docs.py"), "--check"],
+    check = subprocess.run([sys.executable, str(REPO / "scripts" / "reference_docs.py"), "--check"],
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
 
