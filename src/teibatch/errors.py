@@ -5,17 +5,22 @@ The hierarchy::
     TeibatchError
     ├── JobSpecError            the job file or command line is wrong (exit code 2)
     ├── CorpusError             the corpus cannot be listed or read as a whole
+    │   └── CorpusMismatch      the corpus does not fit the job: no file, missing fields, unparsable (exit 2)
     ├── TeiError                a TEI server answered with an error, or did not answer
     │   ├── TeiOverloaded       429: inputs in flight over max_concurrent_requests
     │   ├── PayloadTooLarge     413: request body over the server's payload limit
     │   ├── TooManyInputs       422 (413 before 1.9): more inputs than max_client_batch_size
     │   ├── InputTooLong        422: an input longer than max_input_length with truncate=false
     │   ├── TeiUnavailable      503, 5xx, refused/reset connections, timeouts
-    │   ├── TeiAuthError        401: missing or wrong API key
-    │   ├── WrongModelKind      424: the server does not serve an embedding model
+    │   │   └── ServerFault     200 with a wrong answer: count, dimension, NaN/Inf, not normalized, not JSON
+    │   ├── TeiAuthError        401: missing or wrong API key (exit code 3)
+    │   ├── WrongModelKind      424: the server does not serve an embedding model (exit code 3)
     │   └── TeiRequestError     any other 4xx: the request itself is wrong
     ├── SinkError               the output cannot be written or its manifest is unreadable
+    │   ├── OutputMismatch      the output holds vectors made with other options (exit code 3)
+    │   └── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
+    ├── RayUnavailable          Ray could not be started or joined (exit code 1)
     └── FleetError              servers could not be launched, reached or destroyed
         ├── CapacityUnavailable no server could be started or none stayed healthy
         ├── TeardownIncomplete  something launched could not be destroyed
@@ -37,6 +42,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
+EXIT_REFUSED = 3
 
 
 class TeibatchError(Exception):
@@ -84,6 +90,24 @@ class CorpusError(TeibatchError):
     """
 
 
+class CorpusMismatch(CorpusError):
+    """The corpus does not fit the job: nothing matches the path, a field the job names is not in the
+    records (the message lists the fields seen), or a file cannot be parsed at all.
+
+    ``file``, ``line`` and ``field`` say where when known. Fix the job's ``corpus`` section or the file.
+    """
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        where = (file + (f":{line}" if line else "")) if file else ""
+        super().__init__(f"{where}: {message}" if where else message)
+
+
 class TeiError(TeibatchError):
     """A TEI server answered with an error or did not answer at all.
 
@@ -128,11 +152,27 @@ class TeiUnavailable(TeiError):
     retryable = True
 
 
+class ServerFault(TeiUnavailable):
+    """The server answered 200 but the answer is wrong: another number of vectors than inputs, another
+    dimension, NaN or infinite values, vectors not normalized though ``normalize`` is on, or a body
+    that is not the route's JSON (a proxy's HTML page). ``kind`` names the fault in a word or two.
+
+    The documents are not at fault: they are sent to another server, and a server that keeps
+    answering wrongly is taken out of the pool like a dead one.
+    """
+
+    def __init__(self, message: str, *, server: str, kind: str, status_code: int | None = 200) -> None:
+        self.kind = kind
+        super().__init__(message, server=server, status_code=status_code)
+
+
 class TeiAuthError(TeiError):
     """401: the server wants an API key and the one sent (if any) is wrong.
 
     Put the key in the environment variable named by ``servers.api_key_env``.
     """
+
+    exit_code = EXIT_REFUSED
 
 
 class WrongModelKind(TeiError):
@@ -140,6 +180,8 @@ class WrongModelKind(TeiError):
 
     Point the job at a server launched with an embedding model.
     """
+
+    exit_code = EXIT_REFUSED
 
 
 class TeiRequestError(TeiError):
@@ -150,8 +192,33 @@ class SinkError(TeibatchError):
     """The output cannot be written, or an existing output belongs to a different job."""
 
 
+class OutputMismatch(SinkError):
+    """The output already holds vectors made with other model options or reading options.
+
+    Write to a new ``output.path``, or delete the old output first.
+    """
+
+    exit_code = EXIT_REFUSED
+
+
+class DimensionMismatch(SinkError):
+    """The servers give vectors of another dimension (or another model) than the output already holds.
+
+    Point the job at servers with the output's model, or write to a new ``output.path``.
+    """
+
+    exit_code = EXIT_USAGE
+
+
 class RunIncomplete(TeibatchError):
     """Some shards were not committed; run the same command again to finish them."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class RayUnavailable(TeibatchError):
+    """Ray could not be started, or the cluster named by ``--ray-address``/``RAY_ADDRESS`` could not be
+    joined (unreachable, another Ray version). Nothing was embedded; the same command resumes."""
 
     exit_code = EXIT_INCOMPLETE
 
