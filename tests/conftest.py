@@ -14,6 +14,8 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Hermetic: a cluster someone started on this machine, or a RAY_ADDRESS in the environment, changes nothing.
+os.environ.pop("RAY_ADDRESS", None)
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +23,7 @@ def ray_session() -> Iterator[None]:
     """One local Ray for every test that runs a job (starting Ray costs seconds)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield
     finally:

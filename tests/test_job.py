@@ -38,7 +38,7 @@ def test_minimal_job_gets_every_default(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "key", "line", "words"), [
     pytest.param(MINIMAL + "colour: red\n", "colour", 5, "unknown key", id="unknown-top-level-key"),
     pytest.param("corpus:\n  path: x\n  shard_doc: 5\noutput:\n  path: o\n", "corpus.shard_doc", 3,
-                 "unknown key", id="unknown-nested-key"),
+                 "unknown key 'shard_doc' in corpus (known: path, format", id="unknown-nested-key"),
     pytest.param("output:\n  path: o\n", "corpus", None, "required", id="missing-section"),
     pytest.param("corpus:\n  path: x\n  shard_docs: 0\noutput:\n  path: o\n", "corpus.shard_docs", 3,
                  "greater than or equal to 1", id="shard-docs-zero"),
@@ -131,3 +131,11 @@ def test_static_urls_plain_or_with_their_own_payload_limit(tmp_path: Path) -> No
     assert [(s.url, s.payload_limit) for s in job.servers.urls] == [
         ("http://127.0.0.1:8080", None), ("http://127.0.0.1:8081", 50000)]
     assert job.client.max_input_length == 128
+
+
+def test_corpus_on_bad_file(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, MINIMAL)).corpus_options().on_bad_file == "fail"
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.on_bad_file=reject"])
+    assert job.corpus_options().on_bad_file == "reject"
+    with pytest.raises(JobSpecError, match=r"^--set corpus.on_bad_file=skip: Input should be 'fail' or 'reject'"):
+        load_job(write(tmp_path, MINIMAL), ["corpus.on_bad_file=skip"])

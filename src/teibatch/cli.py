@@ -28,6 +28,9 @@ def _handle_errors(command: F) -> F:
                 raise
             click.secho(f"error: {exc}", fg="red", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.secho("error: interrupted", fg="red", err=True)
+            sys.exit(EXIT_INCOMPLETE)
 
     return wrapper  # type: ignore[return-value]
 
@@ -58,7 +61,8 @@ _set_option = click.option(
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @_set_option
 @click.option("--ray-address", envvar="RAY_ADDRESS", default=None,
-              help="Ray cluster to run on (default: RAY_ADDRESS, else a local Ray started for this run).")
+              help="Ray cluster to join ('auto': the one `ray start` runs on this machine). Default: "
+                   "RAY_ADDRESS, else a private local Ray started for this run; never one found by chance.")
 @click.option("--quiet", "-q", is_flag=True, envvar="TEIBATCH_QUIET",
               help="Print only the summary and errors.")
 @click.option("--fail-on-rejects", is_flag=True, envvar="TEIBATCH_FAIL_ON_REJECTS",
@@ -103,7 +107,10 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
 @_set_option
 @_handle_errors
 def validate(job_file: str, overrides: tuple[str, ...]) -> None:
-    """Check JOB_FILE and print it with every default filled in; launches nothing.
+    """Check JOB_FILE and its corpus, and print the job with every default filled in; launches nothing.
+
+    The corpus is opened: the path must match files, and the first records must parse and hold
+    the text, id and kept fields the job names (exit 2 otherwise, naming the file and field).
 
     \b
     Example:
@@ -111,10 +118,13 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     """
     import yaml
 
+    from teibatch.corpus import probe_corpus
     from teibatch.job import load_job
 
     job = load_job(job_file, list(overrides))
+    probe = probe_corpus(job.corpus_options())
     click.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
+    click.echo(f"corpus: {probe.summary()}", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 
 
@@ -155,9 +165,10 @@ def status(output: str, as_json: bool) -> None:
 
 def _register_commands() -> None:
     from teibatch.cli_fleet import fleet, gpus
+    from teibatch.cli_plan import plan
     from teibatch.server.cli import serve
 
-    for command in (serve, gpus, fleet):
+    for command in (serve, gpus, fleet, plan):
         main.add_command(command)
 
 

@@ -81,24 +81,35 @@ def fleet() -> None:
 @click.option("--all", "show_all", is_flag=True, help="Also list instances already destroyed.")
 @_state_dir
 def list_(as_json: bool, show_all: bool, state_dir: str | None) -> None:
-    """List the instances in the ledger that are not destroyed (with --all: every instance).
+    """List the instances in the ledger that are not destroyed (with --all: every instance), and every
+    teibatch instance the GPU clouds your runs used still list (asked through their APIs).
 
     \b
     Examples:
       teibatch fleet list
       teibatch fleet list --all --json
     """
-    entries = [e for e in _ledger(state_dir).entries() if show_all or not e.state.settled]
+    from teibatch.fleet.clouds import cloud_entries
+
+    ledger = _ledger(state_dir)
+    entries = [e for e in ledger.entries() if show_all or not e.state.settled]
+    cloud, problems = cloud_entries(ledger)  # what the GPU clouds' APIs list, by name
+    for problem in problems:
+        click.secho(f"warning: could not ask {problem}", fg="yellow", err=True)
     if as_json:
-        _json([e.to_json() for e in entries])
+        _json([e.to_json() for e in entries] + [{"source": "cloud", **c.to_json()} for c in cloud])
         return
-    if not entries:
+    if not entries and not cloud:
         click.echo("nothing left running" if not show_all else "the ledger is empty")
         return
     for e in entries:
         driver = "driver running" if e.driver_alive else "driver gone"
         click.echo(f"{e.run_id}  {e.provider:<6} {e.instance:<40} {e.host or '-':<28} {e.state.value:<10} "
                    f"{driver}  {e.updated}")
+    for c in cloud:
+        price = f"${c.price_per_hour:.2f}/h" if c.price_per_hour is not None else ""
+        click.echo(f"{c.run_id or '?'}  {c.provider:<6} {c.instance:<40} {c.address or '-':<28} "
+                   f"{c.status:<10} in the cloud ({c.cloud_id}, ledger: {c.in_ledger}) {price}")
 
 
 @fleet.command()

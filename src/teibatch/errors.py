@@ -17,6 +17,7 @@ The hierarchy::
     │   ├── WrongModelKind      424: the server does not serve an embedding model (exit code 3)
     │   └── TeiRequestError     any other 4xx: the request itself is wrong
     ├── SinkError               the output cannot be written or its manifest is unreadable
+    │   ├── OutputUnwritable    the output path cannot be written, found before any work (exit code 2)
     │   ├── OutputMismatch      the output holds vectors made with other options (exit code 3)
     │   └── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
@@ -190,6 +191,15 @@ class TeiRequestError(TeiError):
 
 class SinkError(TeibatchError):
     """The output cannot be written, or an existing output belongs to a different job."""
+
+
+class OutputUnwritable(SinkError):
+    """A probe file could not be written to ``output.path`` (permissions, a missing bucket, credentials).
+
+    Found before any server starts; fix ``output.path`` or its access and run again.
+    """
+
+    exit_code = EXIT_USAGE
 
 
 class OutputMismatch(SinkError):

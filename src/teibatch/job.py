@@ -9,14 +9,14 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
-from teibatch.jobfile import RawJob, load_job_file
+from teibatch.jobfile import RawJob, load_job_file, override_error
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 DEFAULT_LOCAL_SERVERS = 2
@@ -52,6 +52,7 @@ class CorpusSection(_Section):
     keep_fields: tuple[str, ...] = ()
     shard_docs: int = Field(DEFAULT_SHARD_DOCS, ge=1, le=10_000_000)
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    on_bad_file: Literal["fail", "reject"] = "fail"   # a file that breaks off: fail its shard, or reject the rest
 
 
 class ModelSection(_Section):
@@ -92,8 +93,11 @@ class StaticServerSection(_Section):
         return url.rstrip("/")
 
 
+CLOUD_PROVIDERS = ("lambda", "runpod")
+
+
 class ServersSection(_Section):
-    provider: Literal["local", "static", "ssh"] = "local"
+    provider: Literal["local", "static", "ssh", "lambda", "runpod"] = "local"
     count: int = Field(DEFAULT_LOCAL_SERVERS, ge=1, le=64)
     urls: tuple[StaticServerSection, ...] = ()
     api_key_env: str | None = None
@@ -105,6 +109,25 @@ class ServersSection(_Section):
     image: str | None = None
     volume: str | None = None
     remove_volume: bool = False
+    # GPU clouds (lambda, runpod): which cards to rent
+    gpu: tuple[str, ...] = ()                       # GPU names, any of them ("A10", "RTX 4090")
+    min_vram_gb: int | None = Field(None, ge=1)
+    max_price: float | None = Field(None, gt=0)     # USD per card-hour
+    regions: tuple[str, ...] = ()                   # lambda regions / runpod data centers, in order of preference
+    max_replacements: int = Field(2, ge=0, le=20)   # instances never healthy, replaced at most this often in all
+    ssh_key_name: str | None = None                 # lambda: the SSH key registered with Lambda Cloud
+    key_file: str | None = None                     # lambda: its private key file (OpenSSH reads it)
+    ssh_user: str = "ubuntu"                        # lambda
+    ssh_port: int = Field(22, ge=1, le=65535)       # lambda
+    network_volume_id: str | None = None            # runpod: keep the model weights in this network volume
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"   # runpod
+    container_disk_gb: int = Field(40, ge=1)        # runpod
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _one_gpu(cls, value: Any) -> Any:
+        """``gpu: A10`` is ``gpu: [A10]``."""
+        return [value] if isinstance(value, str) else value
 
     @field_validator("urls", mode="before")
     @classmethod
@@ -125,6 +148,13 @@ class ServersSection(_Section):
                              "(a YAML file of hosts)")
         if self.provider != "ssh" and (self.hosts or self.inventory):
             raise ValueError("servers.hosts and servers.inventory are for provider ssh")
+        if self.provider == "lambda" and not self.ssh_key_name:
+            raise ValueError("provider lambda needs servers.ssh_key_name: the name of an SSH key added to your "
+                             "Lambda Cloud account (and servers.key_file: its private key, unless OpenSSH finds it)")
+        cloud_only = [k for k in ("gpu", "min_vram_gb", "max_price", "regions", "ssh_key_name", "network_volume_id")
+                      if getattr(self, k)]
+        if self.provider not in CLOUD_PROVIDERS and cloud_only:
+            raise ValueError(f"servers.{cloud_only[0]} is for the GPU clouds (provider lambda or runpod)")
         return self
 
 
@@ -174,6 +204,7 @@ class OutputSection(_Section):
 class LimitsSection(_Section):
     max_runtime: float | None = None
     max_shards_in_flight: int | Literal["auto"] = "auto"
+    max_cost: float | None = Field(None, gt=0)   # USD: a run whose planned cost is higher is refused
 
     @field_validator("max_runtime", mode="before")
     @classmethod
@@ -199,7 +230,7 @@ class JobSpec(_Section):
         c = self.corpus
         return CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
                              keep_fields=c.keep_fields, shard_docs=c.shard_docs,
-                             storage_options=dict(c.storage_options))
+                             storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
 
     def vector_options(self) -> dict[str, Any]:
         """Everything that changes the vector of a text (part of every content hash)."""
@@ -225,7 +256,11 @@ def load_job(path: str | Path, overrides: list[str] | None = None,
 
 
 def validate_job(raw: RawJob) -> JobSpec:
-    """Validate loaded job data; the first problem becomes a :class:`JobSpecError`."""
+    """Validate loaded job data; the first problem becomes a :class:`JobSpecError`.
+
+    A problem in a value given by ``--set`` names that option as typed (``--set corpus.shard_doc=5:
+    unknown key ...``), not a line of the file it did not come from.
+    """
     try:
         return JobSpec.model_validate(raw.data)
     except ValidationError as exc:
@@ -234,6 +269,12 @@ def validate_job(raw: RawJob) -> JobSpec:
         key = ".".join(key_path) or None
         more = len(exc.errors()) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        override = raw.override_of(key_path)
+        if override is not None:
+            raise override_error(override, _explain(first) + suffix, key) from None
+        changed = raw.overrides_under(key_path)
+        if changed:
+            suffix += f" (with {', '.join('--set ' + text for text in changed)})"
         raise JobSpecError(_explain(first) + suffix, file=raw.file, key=key,
                            line=raw.line_of(key_path)) from None
 
@@ -241,8 +282,35 @@ def validate_job(raw: RawJob) -> JobSpec:
 def _explain(error: Any) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
-        return "unknown key (check its spelling; see the job file reference in the README)"
+        loc = tuple(error["loc"])
+        where = ".".join(str(part) for part in loc[:-1] if not isinstance(part, int))
+        known = ", ".join(_known_keys(loc[:-1]))
+        return (f"unknown key {str(loc[-1])!r}{f' in {where}' if where else ''}"
+                f"{f' (known: {known})' if known else ''}")
     if kind == "missing":
         return "this key is required"
     message = str(error["msg"])
     return message.removeprefix("Value error, ")
+
+
+def _known_keys(section: tuple[Any, ...]) -> tuple[str, ...]:
+    """The keys the job file takes at ``section`` (a validation error's location), or ``()``."""
+    model: type[BaseModel] | None = JobSpec
+    for part in section:
+        if isinstance(part, int):
+            continue  # an item of a list of sections
+        info = model.model_fields.get(str(part)) if model is not None else None
+        model = _section_model(info.annotation) if info is not None else None
+        if model is None:
+            return ()
+    return tuple(model.model_fields) if model is not None else ()
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _section_model(arg)
+        if found is not None:
+            return found
+    return None

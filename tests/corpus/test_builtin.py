@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -13,9 +12,7 @@ OPTIONS = CorpusOptions("builtin:stdlib-docs", keep_fields=("source", "title"), 
 
 
 def test_stdlib_docs_is_a_few_thousand_unique_documents() -> None:
-    started = time.perf_counter()
     records = list(stdlib_docs())
-    assert time.perf_counter() - started < 5.0
     assert 3000 <= len(records) <= 8000
     ids = [r["id"] for r in records]
     assert len(set(ids)) == len(ids)

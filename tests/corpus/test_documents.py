@@ -30,10 +30,16 @@ RULES = DocumentRules(id_field="id", text_field="text", keep_fields=("title",))
     [
         pytest.param({"id": "a", "text": "hi"}, Document("a", "hi", {"title": None}), id="string-id"),
         pytest.param({"id": 7, "text": "hi"}, Document("7", "hi", {"title": None}), id="int-id"),
-        pytest.param({"text": "hi"}, Document("f#3", "hi", {"title": None}), id="missing-id"),
-        pytest.param({"id": None, "text": "hi"}, Document("f#3", "hi", {"title": None}), id="null-id"),
-        pytest.param({"id": 1.5, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, ""), id="float-id"),
-        pytest.param({"id": True, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, ""), id="bool-id"),
+        pytest.param({"id": -7, "text": "hi"}, Document("-7", "hi", {"title": None}), id="negative-int-id"),
+        pytest.param({"id": " a ", "text": "hi"}, Document(" a ", "hi", {"title": None}), id="string-id-as-is"),
+        pytest.param({"text": "hi"}, Reject("f#3", REJECT_MALFORMED, "no id field"), id="missing-id"),
+        pytest.param({"id": None, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "null"), id="null-id"),
+        pytest.param({"id": "", "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "empty string"), id="empty-id"),
+        pytest.param({"id": 1.5, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "float"), id="float-id"),
+        pytest.param({"id": 2.0, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "float"), id="integral-float-id"),
+        pytest.param({"id": True, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "bool"), id="bool-id"),
+        pytest.param({"id": [1], "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "list"), id="list-id"),
+        pytest.param({"id": {"a": 1}, "text": "hi"}, Reject("f#3", REJECT_MALFORMED, "dict"), id="object-id"),
         pytest.param({"id": "a"}, Reject("a", REJECT_MISSING_TEXT, ""), id="missing-text"),
         pytest.param({"id": "a", "text": 3}, Reject("a", REJECT_NON_STRING_TEXT, ""), id="number-text"),
         pytest.param({"id": "a", "text": ["x"]}, Reject("a", REJECT_NON_STRING_TEXT, ""), id="list-text"),
@@ -49,6 +55,7 @@ def test_row_to_item(row: Any, expected: Document | Reject) -> None:
         assert isinstance(item, Reject)
         assert (item.id, item.reason) == (expected.id, expected.reason)
         assert item.detail.startswith("f")
+        assert expected.detail in item.detail
     else:
         assert item == expected
         assert item.fields == expected.fields
@@ -65,7 +72,7 @@ def test_row_to_item(row: Any, expected: Document | Reject) -> None:
     ],
 )
 def test_json_keep_fields_become_strings(value: object, expected: str | None) -> None:
-    item = RULES.to_item({"text": "x", "title": value}, "f#0")
+    item = RULES.to_item({"id": "k", "text": "x", "title": value}, "f#0")
     assert isinstance(item, Document)
     assert item.fields == {"title": expected}
 
@@ -147,3 +154,9 @@ def test_keep_field_types_conflict_names_both_files(kit: Any, tmp_path: Path) ->
     kit.write_parquet(tmp_path / "b.parquet", [{"text": "x", "n": "one"}])
     with pytest.raises(CorpusError, match=r"'n'.*a\.parquet.*b\.parquet"):
         keep_field_types(CorpusOptions(str(tmp_path), keep_fields=("n",)))
+
+
+def test_keep_field_types_leave_out_a_file_that_is_not_parquet(kit: Any, tmp_path: Path) -> None:
+    kit.write_parquet(tmp_path / "a.parquet", [{"text": "x", "n": 1}])
+    (tmp_path / "b.parquet").write_bytes(b"not parquet")
+    assert keep_field_types(CorpusOptions(str(tmp_path), keep_fields=("n",))) == {"n": pa.int64()}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from teibatch.corpus import CorpusOptions, Document, plan_shards
 from teibatch.corpus.formats import FileFormat
 from teibatch.corpus.listing import resolve_root
 from teibatch.corpus.readers import count_rows, iter_rows
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusError, CorpusMismatch
 
 ROWS = [{"id": f"r{i}", "text": f"row {i} text", "n": i} for i in range(10)]
 
@@ -116,7 +117,98 @@ def test_unknown_extension_in_a_folder_fails_before_reading(kit: Any, tmp_path: 
         pytest.param("c.csv", b"text\n\xff\xfe broken", id="csv-not-utf8"),
     ],
 )
-def test_unreadable_files_raise_corpus_error(tmp_path: Path, name: str, data: bytes) -> None:
+def test_unreadable_files_fail_their_shard_with_corpus_mismatch(kit: Any, tmp_path: Path, name: str,
+                                                                data: bytes) -> None:
+    # planning goes on (the file gets one shard); reading that shard names the file
     (tmp_path / name).write_bytes(data)
-    with pytest.raises(CorpusError, match=name.replace(".", r"\.")):
-        plan_shards(CorpusOptions(str(tmp_path / name)))
+    (shard,) = plan_shards(CorpusOptions(str(tmp_path / name)))
+    assert shard.bad_file is not None and shard.bad_file.file == name
+    with pytest.raises(CorpusMismatch, match=name.replace(".", r"\.")) as caught:
+        kit.read_all(CorpusOptions(str(tmp_path / name)))
+    assert caught.value.file == name
+    assert caught.value.exit_code == 2
+
+
+def _compressed(suffix: str, data: bytes) -> bytes:
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+    codecs = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+              ".zst": zstandard.ZstdCompressor().compress}
+    return codecs[suffix](data)
+
+
+LINES = b"".join(orjson.dumps({"id": f"r{i}", "text": f"text {i} " * 20}) + b"\n" for i in range(3000))
+
+
+@pytest.mark.parametrize("suffix", [pytest.param(s, id=s[1:]) for s in (".gz", ".bz2", ".xz", ".zst")])
+def test_truncated_compressed_file_names_file_and_line(kit: Any, tmp_path: Path, suffix: str) -> None:
+    data = _compressed(suffix, LINES)
+    path = tmp_path / f"c.jsonl{suffix}"
+    path.write_bytes(data[: len(data) * 2 // 3])
+    options = CorpusOptions(str(path), id_field="id", shard_docs=1000)
+    (shard,) = plan_shards(options)
+    assert shard.bad_file is not None
+    with pytest.raises(CorpusMismatch, match=r"corrupt or truncated (after line|from its start)") as caught:
+        kit.read_all(options)
+    error = caught.value
+    assert error.file == path.name and error.line is not None and 1 <= error.line <= 3000
+    assert "on_bad_file: reject" in str(error)
+
+    rejecting = CorpusOptions(str(path), id_field="id", shard_docs=1000, on_bad_file="reject")
+    items = kit.read_all(rejecting)
+    assert [type(item).__name__ for item in items] == ["Document"] * (len(items) - 1) + ["Reject"]
+    assert [item.id for item in items[:-1]] == [f"r{i}" for i in range(len(items) - 1)]
+    last = items[-1]
+    assert last.reason == "malformed_record" and last.detail.startswith(f"{path.name}:{len(items)}: ")
+
+
+def test_zstd_files_of_several_frames_read_whole(kit: Any, tmp_path: Path) -> None:
+    import zstandard
+    first, second = LINES[:100_000], LINES[100_000:]
+    frames = zstandard.ZstdCompressor().compress(first) + zstandard.ZstdCompressor().compress(second)
+    (tmp_path / "c.jsonl.zst").write_bytes(frames)
+    items = kit.read_all(CorpusOptions(str(tmp_path / "c.jsonl.zst"), id_field="id"))
+    assert [item.id for item in items] == [f"r{i}" for i in range(3000)]
+
+
+def test_storage_failures_stay_corpus_errors_not_mismatches() -> None:
+    """A read the storage refuses (the same command may work later) is not blamed on the file."""
+    data = _compressed(".gz", LINES)
+
+    class Flaky(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            if self.tell() > len(data) // 2:
+                raise ConnectionResetError("connection reset by peer")
+            return super().read(size if size is not None and size >= 0 else 4096)
+
+    class FlakyFs:
+        def open(self, url: str, mode: str) -> Flaky:
+            return Flaky(data)
+
+    fs: Any = FlakyFs()
+    with pytest.raises(CorpusError, match="storage refused") as caught:
+        count_rows(fs, "c.jsonl.gz", FileFormat("jsonl", "gzip"), "c.jsonl.gz", "reject")
+    assert not isinstance(caught.value, CorpusMismatch)
+
+
+def test_corrupt_parquet_and_json_structure_in_reject_mode(kit: Any, tmp_path: Path) -> None:
+    (tmp_path / "a.parquet").write_bytes(b"not parquet")
+    (tmp_path / "b.json").write_bytes(b'[{"id": "b0", "text": "ok"}, {"id": "b1", "text": "never closed')
+    options = CorpusOptions(str(tmp_path), id_field="id", on_bad_file="reject")
+    items = kit.read_all(options)
+    assert [(item.id, getattr(item, "reason", "ok")) for item in items] == [
+        ("a.parquet#0", "malformed_record"), ("b0", "ok"), ("b.json#1", "malformed_record")]
+    assert "Parquet" in items[0].detail and "inside a string" in items[2].detail
+
+
+def test_corrupt_compressed_text_file(kit: Any, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("fine")
+    (tmp_path / "b.txt.gz").write_bytes(_compressed(".gz", b"words " * 1000)[:50])
+    with pytest.raises(CorpusMismatch, match=r"b\.txt\.gz"):
+        kit.read_all(CorpusOptions(str(tmp_path)))
+    items = kit.read_all(CorpusOptions(str(tmp_path), on_bad_file="reject"))
+    assert [(item.id, getattr(item, "reason", "ok")) for item in items] == [
+        ("a.txt", "ok"), ("b.txt.gz", "malformed_record")]

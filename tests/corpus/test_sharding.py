@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from teibatch.corpus import CorpusOptions, Document, Shard, plan_shards, read_shard
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusError, CorpusMismatch
 
 
 def test_plan_is_deterministic_and_in_file_order(mixed_corpus: Path) -> None:
@@ -147,3 +147,22 @@ def test_text_groups_stop_at_other_files(kit: Any, tmp_path: Path) -> None:
     assert [(s.sources, s.start, s.stop) for s in shards] == [
         (("a.txt", "b.txt"), 0, 2), (("c.jsonl",), 0, 1), (("d.txt",), 2, 3),
     ]
+
+
+def test_a_bad_file_is_one_shard_whose_error_is_not_served_stale(kit: Any, tmp_path: Path) -> None:
+    path = tmp_path / "c.csv"
+    path.write_text('id,text\na,x\nb,"open\nc,y\n')
+    options = CorpusOptions(str(path), id_field="id", shard_docs=1)
+    (shard,) = plan_shards(options)
+    assert shard.bad_file is not None and (shard.bad_file.file, shard.bad_file.line) == ("c.csv", 3)
+    assert (shard.start, shard.stop) == (0, 0)
+    with pytest.raises(CorpusMismatch) as caught:
+        list(read_shard(options, shard))
+    assert (caught.value.file, caught.value.line) == ("c.csv", 3)
+    assert str(caught.value) == shard.bad_file.message
+    path.write_text('id,text\na,x\nb,"closed"\nc,y\n')  # fixed after planning: plan again, not a stale error
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(CorpusError, match="changed since") as stale:
+        list(read_shard(options, shard))
+    assert not isinstance(stale.value, CorpusMismatch)
+    assert [s.bad_file for s in plan_shards(options)] == [None, None, None]

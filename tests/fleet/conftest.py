@@ -108,6 +108,15 @@ class StandinState:
             time.sleep(0.1)
         return self.running() == count
 
+    def kill(self, name: str) -> None:
+        """What terminating a rented VM does to its containers: they are gone."""
+        for container in self.containers():
+            if container["name"] == name:
+                if _alive(container["pid"]):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(container["pid"], signal.SIGKILL)
+                (self.root / "containers" / f"{name}.json").unlink(missing_ok=True)
+
     def kill_all(self) -> None:
         for container in self.containers():
             if _alive(container["pid"]):
@@ -204,3 +213,45 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
     """The ledger of this test (``TEIBATCH_STATE_DIR`` points into its temp dir)."""
     monkeypatch.setenv("TEIBATCH_STATE_DIR", str(tmp_path / "state"))
     return Ledger(tmp_path / "state" / "ledger")
+
+
+LAMBDA_KEY = "lambda-test-key-" + "9" * 24
+RUNPOD_KEY = "runpod-test-key-" + "7" * 24
+
+
+@pytest.fixture
+def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Poll the fake clouds every 0.1 s instead of every 2 s."""
+    from teibatch.fleet import lambdacloud, rental
+
+    monkeypatch.setattr(rental, "POLL_S", 0.1)
+    monkeypatch.setattr(lambdacloud, "SSH_RETRY_S", 0.2)
+
+
+@pytest.fixture
+def fake_lambda(host: SshHostFixture, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
+    """A fake Lambda Cloud API on 127.0.0.1 whose instances are ``host`` (the test sshd); the key and the
+    API address in the environment, as a run reads them."""
+    from tests.fleet.fake_lambda import FakeLambda
+
+    fake = FakeLambda(LAMBDA_KEY, on_terminate=host.standin.kill)
+    host.standin.configure(gpu="NVIDIA A10, 8.6, 23028 MiB")  # the card the jobs rent
+    monkeypatch.setenv("LAMBDA_API_KEY", LAMBDA_KEY)
+    monkeypatch.setenv("TEIBATCH_LAMBDA_API_URL", f"{fake.url}/api/v1")
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
+    """A fake RunPod on 127.0.0.1 whose pods are ``teibatch serve`` processes; key and addresses in the environment."""
+    from tests.fleet.fake_runpod import FakeRunPod
+
+    workdir = tmp_path / "runpod"
+    workdir.mkdir()
+    fake = FakeRunPod(RUNPOD_KEY, workdir)
+    monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
+    monkeypatch.setenv("TEIBATCH_RUNPOD_API_URL", fake.rest_url)
+    monkeypatch.setenv("TEIBATCH_RUNPOD_GRAPHQL_URL", fake.graphql_url)
+    with fake:
+        yield fake

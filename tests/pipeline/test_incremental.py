@@ -14,8 +14,8 @@ import pytest
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.connect import PROBE_TEXT
 from teibatch.server import HashingEmbedder, text_digest
+from teibatch.tei.packing import PROBE_TEXT
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")

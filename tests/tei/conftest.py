@@ -126,7 +126,7 @@ class Embedded:
 
 
 def embed(urls: list[str], texts: list[str], *, key: str | None = None, options: EmbedOptions | None = None,
-          route: str = ROUTE_EMBED, payload_limit: int = 20_000, share: int = 1, max_retries: int = 6,
+          route: str = ROUTE_EMBED, payload_limit: int = 20_000, max_retries: int = 6,
           timeout: float = 10.0, probe_interval: float = 0.1, down_grace: float = 10.0,
           api_key_env: str | None = None, latency_factor: float | None = None,
           limits: ClientLimits | None = None, transport: httpx.AsyncBaseTransport | None = None) -> Embedded:
@@ -140,7 +140,7 @@ def embed(urls: list[str], texts: list[str], *, key: str | None = None, options:
                 client = TeiClient(Endpoint(url, key), http, timeout=timeout, api_key_env=api_key_env)
                 derived = limits or ClientLimits.derive(await client.info(), payload_limit=payload_limit)
                 extra = {} if latency_factor is None else {"latency_factor": latency_factor}
-                servers.append(Server(client, derived.share(share), **extra))
+                servers.append(Server(client, derived, **extra))
             pool = EndpointPool(servers, probe_interval=probe_interval, down_grace=down_grace)
             packer = RequestPacker(route, options or EmbedOptions(), max_batch_size=pool.max_batch_size,
                                    payload_limit=pool.payload_limit)

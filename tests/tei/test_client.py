@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from teibatch.endpoint import Endpoint
-from teibatch.errors import TeiAuthError, TeiUnavailable, WrongModelKind
+from teibatch.errors import ServerFault, TeiAuthError, TeiUnavailable, WrongModelKind
 from teibatch.server import HashingEmbedder
 from teibatch.tei import ROUTE_EMBED, ROUTE_OPENAI_BASE64, EmbedOptions, RequestPacker, TeiClient
 from teibatch.tei.client import DEFAULT_TIMEOUT_S, MIN_TOKENS_PER_S
@@ -78,7 +79,7 @@ def test_reranker_names_the_model_and_the_fix(tei: Start) -> None:
 
 def test_a_hung_request_times_out(tei: Start) -> None:
     server = tei(fault_hang_after=1)
-    with pytest.raises(TeiUnavailable, match="no answer within") as caught:
+    with pytest.raises(TeiUnavailable, match="no complete answer within") as caught:
         call(server.url, timeout=0.3)
     assert caught.value.status_code is None and caught.value.retryable
 
@@ -105,3 +106,37 @@ def test_timeout_grows_with_the_tokens_of_the_request() -> None:
     extra = large.request.tokens / MIN_TOKENS_PER_S
     assert client.timeout_for(large.request) == pytest.approx(DEFAULT_TIMEOUT_S + extra)
     assert large.request.tokens >= 32 * 2000
+
+
+@pytest.mark.parametrize("body", [pytest.param(b"<html><body>Bad Gateway</body></html>", id="html"),
+                                  pytest.param(b"", id="empty"),
+                                  pytest.param(b"[1, 2]", id="json-list")])
+def test_info_that_is_not_teis_json_is_a_bad_body_fault(body: bytes) -> None:
+    url = "http://127.0.0.1:9"
+
+    async def main() -> None:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+        async with httpx.AsyncClient(transport=transport) as http:
+            await TeiClient(Endpoint(url), http).info()
+
+    with pytest.raises(ServerFault, match="not TEI's /info JSON") as caught:
+        asyncio.run(main())
+    assert (caught.value.kind, caught.value.server, caught.value.status_code) == ("bad body", url, 200)
+
+
+def test_embed_returns_only_checked_vectors() -> None:
+    packer = RequestPacker(ROUTE_EMBED, EmbedOptions(), max_batch_size=32, payload_limit=2_000_000)
+    (batch,) = packer.pack(enumerate(TEXTS))
+    answer = HashingEmbedder(384).embed(TEXTS)
+
+    async def main(expected_dimension: int, normalized: bool = False) -> np.ndarray:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=orjson.dumps(answer.tolist())))
+        async with httpx.AsyncClient(transport=transport) as http:
+            client = TeiClient(Endpoint("http://127.0.0.1:9"), http, expected_dimension=expected_dimension,
+                               normalized=normalized)
+            return await client.embed(batch.request)
+
+    np.testing.assert_array_equal(asyncio.run(main(expected_dimension=384, normalized=True)), answer)
+    with pytest.raises(ServerFault, match="answered 384-dimension vectors, expected 1024") as caught:
+        asyncio.run(main(expected_dimension=1024))
+    assert caught.value.kind == "wrong dimension"

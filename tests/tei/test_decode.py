@@ -1,4 +1,5 @@
-"""Decoding 200 answers: both routes give the same float32 matrix; anything else is a ValueError."""
+"""Decoding 200 answers: both routes give the same float32 matrix; anything else is a ValueError
+(which the client turns into a ``"bad body"`` ServerFault)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,40 @@ def test_base64_rows_come_back_in_index_order() -> None:
     pytest.param(ROUTE_EMBED, b"[1.0, 2.0]", id="embed-flat"),
     pytest.param(ROUTE_OPENAI_BASE64, b'{"data": [{"index": 0, "embedding": "AAA"}]}', id="base64-cut"),
     pytest.param(ROUTE_OPENAI_BASE64, b"[[1.0]]", id="base64-wrong-shape"),
+    pytest.param(ROUTE_EMBED, b"", id="embed-empty"),
+    pytest.param(ROUTE_EMBED, b'{"error": "x", "error_type": "Backend"}', id="embed-error-object"),
+    pytest.param(ROUTE_EMBED, b'[["a", "b"]]', id="embed-strings"),
+    pytest.param(ROUTE_OPENAI_BASE64, b"", id="base64-empty"),
+    pytest.param(ROUTE_OPENAI_BASE64, b'{"data": [{"index": 0, "embedding": [1.0, 2.0]}]}', id="base64-floats"),
+    pytest.param(ROUTE_OPENAI_BASE64, b'{"data": [{"index": 0, "embedding": "AAAA!!!!AACAPw=="}]}',
+                 id="base64-foreign-characters"),
+    pytest.param(ROUTE_OPENAI_BASE64, b'{"data": [{"index": 0, "embedding": "AACAPw="}]}', id="base64-length"),
+    pytest.param(ROUTE_OPENAI_BASE64, b'{"data": [{"index": 0, "embedding": "AACA"}]}', id="base64-not-float32"),
 ])
 def test_what_is_not_embeddings_is_a_value_error(route: str, body: bytes) -> None:
     with pytest.raises(ValueError):
         decode_vectors(route, body)
+
+
+def test_rows_of_unequal_length_are_refused_not_reshaped() -> None:
+    # 2 + 6 values make two rows of 4 if joined and reshaped: wrong vectors, so refused.
+    rows = [np.ones(2, dtype=np.float32), np.ones(6, dtype=np.float32)]
+    data = [{"index": i, "embedding": base64.b64encode(row.tobytes()).decode()} for i, row in enumerate(rows)]
+    with pytest.raises(ValueError, match="equal-length"):
+        decode_vectors(ROUTE_OPENAI_BASE64, orjson.dumps({"data": data}))
+
+
+@pytest.mark.parametrize("order", [pytest.param([0, 0, 1, 2, 3], id="repeated"),
+                                   pytest.param([0, 1, 2, 3, 7], id="gap")])
+def test_indexes_other_than_0_to_n_are_refused(order: list[int]) -> None:
+    data = orjson.loads(openai_body(VECTORS, list(range(5))))
+    for row, index in zip(data["data"], order, strict=True):
+        row["index"] = index
+    with pytest.raises(ValueError, match="indexes"):
+        decode_vectors(ROUTE_OPENAI_BASE64, orjson.dumps(data))
+
+
+@pytest.mark.parametrize("route, body", [pytest.param(ROUTE_EMBED, b"[]", id="embed"),
+                                         pytest.param(ROUTE_OPENAI_BASE64, b'{"data": []}', id="base64")])
+def test_no_vectors_is_an_empty_matrix_for_the_count_check(route: str, body: bytes) -> None:
+    assert decode_vectors(route, body).shape == (0, 0)

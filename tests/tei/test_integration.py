@@ -16,9 +16,9 @@ import yaml
 
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.connect import PROBE_TEXT
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.tokens import ApproxTokenizer
+from teibatch.tei.packing import PROBE_TEXT
 from tests.conftest import write_jsonl
 from tests.tei.conftest import TINY, ZERO_VIOLATIONS, ServerHandle, when
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from teibatch.corpus.documents import keep_field_types
 from teibatch.corpus.hashing import content_hash
 from teibatch.corpus.listing import SourceFile, list_sources
+from teibatch.corpus.probe import CorpusProbe, probe_corpus
 from teibatch.corpus.records import (
     REJECT_DUPLICATE_ID,
     REJECT_EMPTY_TEXT,
     REJECT_MALFORMED,
     REJECT_MISSING_TEXT,
     REJECT_NON_STRING_TEXT,
+    BadFile,
     CorpusOptions,
     Document,
     Reject,
@@ -24,7 +26,9 @@ __all__ = [
     "REJECT_MALFORMED",
     "REJECT_MISSING_TEXT",
     "REJECT_NON_STRING_TEXT",
+    "BadFile",
     "CorpusOptions",
+    "CorpusProbe",
     "Document",
     "Reject",
     "Shard",
@@ -33,5 +37,6 @@ __all__ = [
     "keep_field_types",
     "list_sources",
     "plan_shards",
+    "probe_corpus",
     "read_shard",
 ]

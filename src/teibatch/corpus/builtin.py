@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusMismatch
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_ID_FIELD = "id"
@@ -99,12 +99,12 @@ def is_builtin(path: str) -> bool:
 
 
 def load_builtin(path: str) -> BuiltinCorpus:
-    """The builtin corpus ``path`` names, built once per process; unknown names raise ``CorpusError``."""
+    """The builtin corpus ``path`` names, built once per process; unknown names raise ``CorpusMismatch``."""
     name = path[len(BUILTIN_PREFIX):] if is_builtin(path) else path
     build = _BUILDERS.get(name)
     if build is None:
         known = ", ".join(BUILTIN_PREFIX + n for n in sorted(_BUILDERS))
-        raise CorpusError(f"{path}: no such builtin corpus (known: {known})")
+        raise CorpusMismatch(f"no such builtin corpus (known: {known})", file=path)
     return _cached(name, build)
 
 

@@ -1,8 +1,13 @@
 """Turn raw rows into ``Document``s or ``Reject``s, and say which types the kept fields have.
 
 A bad row never stops a shard: it becomes a ``Reject`` with a reason code from ``records.py`` and a
-detail a person can act on. Ids come from ``id_field`` (strings and integers, as ``str``) or, when the
-job names none or a row lacks it, from the row's place: ``"<relative path>#<row number>"``.
+detail a person can act on.
+
+The id rule (``docs/output.md``): with ``id_field`` set, a non-empty string is the id as it is, an
+integer (not a bool) becomes its decimal string, and anything else — no such field in the record,
+an empty string, null, a bool, a float, a list or an object — rejects the row as
+``malformed_record``. Only when the job sets no ``id_field`` (and for text files, which have no
+fields) does a row take its place as id: ``"<relative path>#<row number>"``.
 
 Kept fields are strings for JSON, CSV, text and builtin sources (non-strings JSON-encoded, missing
 or null as ``None``) and native values for Parquet, so that ``keep_field_types`` can give the
@@ -31,7 +36,7 @@ from teibatch.corpus.records import (
     Document,
     Reject,
 )
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusError, CorpusMismatch
 
 
 def fallback_id(relative_path: str, row_number: int) -> str:
@@ -68,7 +73,7 @@ class DocumentRules:
         """A ``Document``, or a ``Reject`` saying why the row cannot be embedded."""
         if isinstance(row, Malformed):
             return Reject(fallback, REJECT_MALFORMED, row.detail)
-        doc_id = self._id(row, fallback)
+        doc_id = self.id_of(row, fallback)
         if isinstance(doc_id, Reject):
             return doc_id
         if self.text_field not in row:
@@ -82,17 +87,21 @@ class DocumentRules:
             return Reject(doc_id, REJECT_EMPTY_TEXT, f"{fallback}: field {self.text_field!r} is empty")
         return Document(doc_id, text, {name: self._kept(row.get(name)) for name in self.keep_fields})
 
-    def _id(self, row: dict[str, Any], fallback: str) -> str | Reject:
-        value = row.get(self.id_field) if self.id_field else None
-        if value is None or value == "":
+    def id_of(self, row: dict[str, Any], fallback: str) -> str | Reject:
+        """The row's id under the id rule (module doc), or a ``malformed_record`` ``Reject``."""
+        if not self.id_field:
             return fallback
-        if isinstance(value, str):
+        if self.id_field not in row:
+            return Reject(fallback, REJECT_MALFORMED, f"{fallback}: no id field {self.id_field!r} in this record")
+        value = row[self.id_field]
+        if isinstance(value, str) and value:
             return value
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
+        kind = "an empty string" if value == "" else "null" if value is None else type(value).__name__
         return Reject(fallback, REJECT_MALFORMED,
-                      f"{fallback}: id field {self.id_field!r} holds {type(value).__name__}; "
-                      "ids must be strings or integers")
+                      f"{fallback}: id field {self.id_field!r} holds {kind}; "
+                      "ids must be non-empty strings or integers")
 
     def _kept(self, value: Any) -> Any:
         if self.native or value is None or isinstance(value, str):
@@ -108,7 +117,8 @@ def keep_field_types(options: CorpusOptions, files: Iterable[str] | None = None)
 
     ``files`` are source paths relative to the corpus root (``Shard.sources``); ``None`` lists the
     corpus. JSON, CSV, text and builtin fields are strings; a Parquet field has its column's type
-    (string when no file has the column). Parquet files that disagree on a type raise ``CorpusError``.
+    (string when no file has the column). Parquet files that disagree on a type raise ``CorpusError``;
+    a file that is not readable Parquet is left out (reading its shard reports it).
     """
     if not options.keep_fields:
         return {}
@@ -120,7 +130,10 @@ def keep_field_types(options: CorpusOptions, files: Iterable[str] | None = None)
     found: dict[str, tuple[pa.DataType, str]] = {}
     for path in paths:
         fmt = detect_format(path, options.format)
-        schema = parquet_schema(root.fs, root.url(path), path) if fmt.name == "parquet" else None
+        try:
+            schema = parquet_schema(root.fs, root.url(path), path) if fmt.name == "parquet" else None
+        except CorpusMismatch:
+            continue  # not Parquet at all: its own shard reports it (see readers.py)
         for name in options.keep_fields:
             if schema is not None and schema.get_field_index(name) < 0:
                 continue

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from teibatch.corpus.builtin import is_builtin
 from teibatch.corpus.records import FORMATS
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusMismatch
 
 FORMAT_BUILTIN = "builtin"
 """The format of a builtin sample corpus's single pseudo-source (see ``builtin.py``)."""
@@ -43,25 +43,24 @@ class FileFormat:
 
 
 def detect_format(path: str, requested: str = "auto") -> FileFormat:
-    """The format for ``path`` given the job's ``format``; ``CorpusError`` for an unknown extension."""
+    """The format for ``path`` given the job's ``format``; ``CorpusMismatch`` for an unknown extension."""
     if requested not in FORMATS:
-        raise CorpusError(f"unknown corpus format {requested!r}; use one of: {', '.join(FORMATS)}")
+        raise CorpusMismatch(f"unknown corpus format {requested!r}; use one of: {', '.join(FORMATS)}")
     if is_builtin(path):
         if requested != "auto":
-            raise CorpusError(f"{path}: a builtin corpus is read with format: auto, not {requested!r}")
+            raise CorpusMismatch(f"a builtin corpus is read with format: auto, not {requested!r}", file=path)
         return FileFormat(FORMAT_BUILTIN)
     stem, compression = _strip_compression(path)
     extension = posixpath.splitext(stem)[1].lower()
     name = requested if requested != "auto" else EXTENSIONS.get(extension)
     if name is None:
         known = ", ".join(sorted(EXTENSIONS))
-        raise CorpusError(
-            f"{path}: cannot tell the format from the extension {extension or '(none)'!r}; "
+        raise CorpusMismatch(
+            f"cannot tell the format from the extension {extension or '(none)'!r}; "
             f"known extensions: {known} (optionally compressed: {', '.join(COMPRESSIONS)}); "
-            f"or set corpus.format to one of: {', '.join(FORMATS[1:])}"
-        )
+            f"or set corpus.format to one of: {', '.join(FORMATS[1:])}", file=path)
     if name == "parquet" and compression is not None:
-        raise CorpusError(f"{path}: compressed Parquet files cannot be read; Parquet compresses inside")
+        raise CorpusMismatch("compressed Parquet files cannot be read; Parquet compresses inside", file=path)
     return FileFormat(name, compression, "\t" if extension == ".tsv" else ",")
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from teibatch.errors import CorpusError
+from teibatch.corpus.rows import Unreadable
 
 CHUNK_BYTES = 1 << 20
 
@@ -31,6 +31,7 @@ class _Scanner:
         self.chunk = chunk
         self.buf = bytearray()
         self.eof = False
+        self.dropped = 0  # bytes of the stream before buf[0]
 
     def refill(self, keep: int) -> int:
         """Drop bytes before ``keep``, read one more chunk; returns how far offsets moved (or -1 at EOF)."""
@@ -41,6 +42,7 @@ class _Scanner:
             self.eof = True
             return -1
         del self.buf[:keep]
+        self.dropped += keep
         self.buf += data
         return keep
 
@@ -48,16 +50,17 @@ class _Scanner:
 def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
     """Yield the raw bytes of each element of the file's list, in order; ``name`` is for errors.
 
-    Raises ``CorpusError`` when the file is not a JSON array or an object with exactly one list,
-    or when its brackets or strings do not close: then no row numbering of the file can be trusted.
+    Raises ``Unreadable`` (a ``CorpusMismatch``) when the file is not a JSON array or an object with
+    exactly one list, or when its brackets or strings do not close: then no row numbering of the
+    file past that point can be trusted.
     """
     scan = _Scanner(stream, chunk)
     pos = 0
     while (first := _FIRST_VALUE.match(scan.buf, pos)) is None:
         if scan.refill(0) < 0:
-            raise CorpusError(f"{name}: empty JSON file; expected an array or an object holding a list")
+            raise Unreadable("empty JSON file; expected an array or an object holding a list", file=name)
     if scan.buf[first.start(1)] not in _OPEN:
-        raise CorpusError(f"{name}: a .json corpus file must hold an array or an object with one list")
+        raise Unreadable("a .json corpus file must hold an array or an object with one list", file=name)
     stack: list[int] = []
     target: int | None = None  # stack depth at which the list's elements live
     done = False
@@ -77,7 +80,7 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
             while (end := _STRING_REST.match(scan.buf, pos)) is None:
                 moved = scan.refill(item if item is not None else pos)
                 if moved < 0:
-                    raise CorpusError(f"{name}: the file ends inside a string")
+                    raise Unreadable("the file ends inside a string", file=name)
                 pos -= moved
                 item = item - moved if item is not None else None
             pos = end.end()
@@ -86,7 +89,7 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
             opens_list = char == ord("[") and (len(stack) == 1 or (len(stack) == 2 and stack[0] == ord("{")))
             if opens_list:
                 if done:
-                    raise CorpusError(f"{name}: the JSON object holds more than one list; keep one")
+                    raise Unreadable("the JSON object holds more than one list; keep one", file=name)
                 target, item = len(stack), pos
         elif char == ord(","):
             if item is not None and len(stack) == target:
@@ -96,7 +99,7 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
                 item = pos
         else:  # closing bracket
             if not stack or _OPEN[stack[-1]] != char:
-                raise CorpusError(f"{name}: unbalanced brackets near byte offset {match.start()}")
+                raise Unreadable(f"unbalanced brackets near byte offset {scan.dropped + match.start()}", file=name)
             if item is not None and len(stack) == target:
                 element = bytes(scan.buf[item:match.start()]).strip()
                 if element:
@@ -106,6 +109,6 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
             if not stack:
                 break
     if stack:
-        raise CorpusError(f"{name}: the file ends before its JSON value closes")
+        raise Unreadable("the file ends before its JSON value closes", file=name)
     if not done:
-        raise CorpusError(f"{name}: the JSON object holds no list of records")
+        raise Unreadable("the JSON object holds no list of records", file=name)

@@ -20,7 +20,7 @@ from fsspec.spec import AbstractFileSystem
 
 from teibatch.corpus.builtin import is_builtin, load_builtin
 from teibatch.corpus.records import CorpusOptions
-from teibatch.errors import CorpusError
+from teibatch.errors import CorpusError, CorpusMismatch
 
 _GLOB_CHARS = frozenset("*?[")
 _CHECKSUM_KEYS = ("ETag", "etag", "checksum", "md5Hash", "md5", "crc32c", "sha256")
@@ -77,7 +77,7 @@ def resolve_root(options: CorpusOptions) -> CorpusRoot:
     try:
         info = fs.info(pattern)
     except FileNotFoundError as exc:
-        raise CorpusError(f"{options.path}: no such file or directory") from exc
+        raise CorpusMismatch("no such file or directory; check corpus.path", file=options.path) from exc
     except OSError as exc:
         raise CorpusError(f"{options.path}: storage refused: {exc}") from exc
     if info.get("type") == "directory":
@@ -86,7 +86,7 @@ def resolve_root(options: CorpusOptions) -> CorpusRoot:
 
 
 def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
-    """The corpus root and its files sorted by relative path; ``CorpusError`` when nothing matches.
+    """The corpus root and its files sorted by relative path; ``CorpusMismatch`` when nothing matches.
 
     A directory is walked recursively, leaving out hidden (``.``) and ``_``-prefixed files and
     folders (``_SUCCESS``, ``.ipynb_checkpoints``); a glob leaves them out too (as a shell does)
@@ -116,7 +116,8 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
             continue
         files.append(SourceFile(relative, url, fingerprint(info), _size(info)))
     if not files:
-        raise CorpusError(f"{options.path}: no file matches this corpus path")
+        raise CorpusMismatch("no file matches this corpus path (hidden and _-prefixed files are left out); "
+                             "check corpus.path", file=options.path)
     files.sort(key=lambda f: f.path)
     return root, files
 

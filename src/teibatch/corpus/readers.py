@@ -6,91 +6,113 @@ One reader per format, each able to *count* a file's rows (planning) and to yiel
 marker, numbered from 0 in the file; every physical record counts, malformed ones included, so
 counting and reading always agree on the numbers.
 
-This module is the boundary for fsspec, pyarrow and codec errors: they become ``CorpusError``.
+This module is the boundary for fsspec, pyarrow and codec errors. Storage failures (a refused or
+lost connection, a file gone) become ``CorpusError``: the same command may succeed later. A file
+whose *content* cannot be read past some point — compressed data that is corrupt or truncated, a
+CSV quote that never closes, bytes that are not UTF-8 where text is expected, a Parquet file that
+is not one — becomes ``CorpusMismatch`` naming the file and, where known, the line; or, with
+``on_bad_file: reject``, the rows before that point are read as usual and what cannot be read
+becomes ``Malformed`` rows (one per remaining line of a CSV file, one for the unreadable rest of
+any other file, one per remaining row of a Parquet shard).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import lzma
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-import zstandard
-from fsspec.compression import compr
 from fsspec.spec import AbstractFileSystem
 
 from teibatch.corpus.builtin import load_builtin
+from teibatch.corpus.codecs import CODEC_ERRORS, open_source
+from teibatch.corpus.csvfile import csv_rows
 from teibatch.corpus.formats import FORMAT_BUILTIN, FileFormat
 from teibatch.corpus.jsonarray import iter_array_items
-from teibatch.errors import CorpusError
+from teibatch.corpus.records import ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT
+from teibatch.corpus.rows import Malformed, ReadPosition, Row, Unreadable
+from teibatch.errors import CorpusError, CorpusMismatch
 
-CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
-"""CSV cells may hold whole documents; the stdlib's default cap (128 KiB) is raised to this."""
+BAD_FILE_HINT = ("fix or replace the file, or set corpus.on_bad_file: reject to keep the rows before "
+                 "this point and reject the rest")
 
 _BOM = b"\xef\xbb\xbf"
+_PARQUET_BATCH = 65_536
 
 
-@dataclass(frozen=True)
-class Malformed:
-    """A physical record that could not be parsed; ``detail`` names the file and line or element."""
+def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str,
+               on_bad_file: str = ON_BAD_FILE_FAIL) -> int:
+    """How many rows ``url`` holds: Parquet from its footer, builtins from memory, others in one pass.
 
-    detail: str
-
-
-Row = dict[str, Any] | Malformed
-
-
-def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str) -> int:
-    """How many rows ``url`` holds: Parquet from its footer, builtins from memory, others in one pass."""
-    with _errors(name):
-        if fmt.name == "parquet":
-            with _open(fs, url, fmt) as stream:
+    A file that cannot be read to its end raises ``CorpusMismatch`` (``on_bad_file: fail``), or
+    counts the ``Malformed`` rows that reading it will yield (``reject``).
+    """
+    if fmt.name == "parquet":
+        try:
+            with _errors(name, fmt, ReadPosition()), open_source(fs, url, fmt.compression) as stream:
                 return int(pq.ParquetFile(stream).metadata.num_rows)
-        if fmt.name == FORMAT_BUILTIN:
-            return len(load_builtin(url).records)
-        if fmt.name == "text":
-            return 1
-        return sum(1 for _ in iter_rows(fs, url, fmt, name, 0, None, parse=False))
+        except Unreadable as exc:
+            if on_bad_file != ON_BAD_FILE_REJECT:
+                raise _bad_file(exc) from exc
+            return 1  # reading it yields one Malformed row for the whole file
+    if fmt.name == FORMAT_BUILTIN:
+        return len(load_builtin(url).records)
+    if fmt.name == "text":
+        return 1
+    return sum(1 for _ in iter_rows(fs, url, fmt, name, 0, None, parse=False, on_bad_file=on_bad_file))
 
 
 def iter_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str, start: int,
-              stop: int | None, *, columns: list[str] | None = None,
-              parse: bool = True) -> Iterator[tuple[int, Row]]:
+              stop: int | None, *, columns: list[str] | None = None, parse: bool = True,
+              on_bad_file: str = ON_BAD_FILE_FAIL) -> Generator[tuple[int, Row], None, None]:
     """Yield ``(row_number, row)`` for rows ``start`` up to ``stop`` (``None``: the end).
 
     ``columns`` limits what Parquet reads; ``parse=False`` (counting) yields empty rows cheaply.
+    A file whose content breaks off raises ``CorpusMismatch`` naming the file and line, or with
+    ``on_bad_file: reject`` yields ``Malformed`` rows for what cannot be read (see the module doc).
     """
-    with _errors(name):
-        if fmt.name == FORMAT_BUILTIN:
-            records = load_builtin(url).records
-            for number in range(start, len(records) if stop is None else min(stop, len(records))):
-                yield number, dict(records[number])
-            return
-        with _open(fs, url, fmt) as stream:
+    if fmt.name == FORMAT_BUILTIN:
+        records = load_builtin(url).records
+        for number in range(start, len(records) if stop is None else min(stop, len(records))):
+            yield number, dict(records[number])
+        return
+    reject = on_bad_file == ON_BAD_FILE_REJECT
+    position = ReadPosition()
+    try:
+        with _errors(name, fmt, position), open_source(fs, url, fmt.compression) as stream:
             if fmt.name == "jsonl":
-                yield from _jsonl(stream, name, start, stop, parse)
+                yield from _jsonl(stream, name, start, stop, parse, position)
             elif fmt.name == "json":
-                yield from _json(stream, name, start, stop, parse)
+                yield from _json(stream, name, start, stop, parse, position)
             elif fmt.name == "csv":
-                yield from _csv(stream, name, fmt.delimiter, start, stop)
+                yield from csv_rows(stream, name, fmt.delimiter, start, stop, position, reject_rest=reject)
             elif fmt.name == "parquet":
-                yield from _parquet(stream, start, stop, columns)
+                yield from _parquet(stream, start, stop, columns, position)
             else:
                 raise CorpusError(f"{name}: format {fmt.name!r} has no row reader")
+    except Unreadable as exc:
+        if not reject:
+            raise _bad_file(exc) from exc
+        yield from _rejected_rest(exc, position, start, stop)
 
 
-def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str) -> str | Malformed:
-    """The whole content of a one-document file, or ``Malformed`` when it is not UTF-8."""
-    with _errors(name), _open(fs, url, fmt) as stream:
-        data = stream.read()
+def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str,
+              on_bad_file: str = ON_BAD_FILE_FAIL) -> str | Malformed:
+    """The whole content of a one-document file, or ``Malformed`` when it is not UTF-8.
+
+    Compressed content that is corrupt raises ``CorpusMismatch`` (``on_bad_file: fail``) or is
+    ``Malformed`` too (``reject``).
+    """
+    try:
+        with _errors(name, fmt, ReadPosition()), open_source(fs, url, fmt.compression) as stream:
+            data = stream.read()
+    except Unreadable as exc:
+        if on_bad_file != ON_BAD_FILE_REJECT:
+            raise _bad_file(exc) from exc
+        return Malformed(str(exc))
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -99,13 +121,25 @@ def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: st
 
 def parquet_schema(fs: AbstractFileSystem | None, url: str, name: str) -> pa.Schema:
     """The Arrow schema of a Parquet file, read from its footer only."""
-    with _errors(name), _open(fs, url, FileFormat("parquet")) as stream:
-        return pq.ParquetFile(stream).schema_arrow
+    fmt = FileFormat("parquet")
+    try:
+        with _errors(name, fmt, ReadPosition()), open_source(fs, url, fmt.compression) as stream:
+            return pq.ParquetFile(stream).schema_arrow
+    except Unreadable as exc:
+        raise CorpusMismatch(exc.problem, file=exc.file, line=exc.line) from exc
 
 
-def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool) -> Iterator[tuple[int, Row]]:
+def _bad_file(exc: Unreadable) -> CorpusMismatch:
+    """The error a caller sees for a file that breaks off (``on_bad_file: fail``)."""
+    return CorpusMismatch(f"{exc.problem}; {BAD_FILE_HINT}", file=exc.file, line=exc.line)
+
+
+def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
+           position: ReadPosition) -> Iterator[tuple[int, Row]]:
     row = 0
+    position.line = 0
     for line_number, line in enumerate(stream, 1):
+        position.line = line_number
         if stop is not None and row >= stop:
             return
         if not line.strip():
@@ -114,14 +148,17 @@ def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool) ->
             yield row, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
                                      f"{name}:{line_number}") if parse else {}
         row += 1
+        position.row = row
 
 
-def _json(stream: Any, name: str, start: int, stop: int | None, parse: bool) -> Iterator[tuple[int, Row]]:
+def _json(stream: Any, name: str, start: int, stop: int | None, parse: bool,
+          position: ReadPosition) -> Iterator[tuple[int, Row]]:
     for row, element in enumerate(iter_array_items(stream, name)):
         if stop is not None and row >= stop:
             return
         if row >= start:
             yield row, _parse_object(element, f"{name}: element {row}") if parse else {}
+        position.row = row + 1
 
 
 def _parse_object(raw: bytes, where: str) -> Row:
@@ -134,70 +171,73 @@ def _parse_object(raw: bytes, where: str) -> Row:
     return value
 
 
-def _csv(stream: Any, name: str, delimiter: str, start: int, stop: int | None) -> Iterator[tuple[int, Row]]:
-    if csv.field_size_limit() < CSV_FIELD_LIMIT:
-        csv.field_size_limit(CSV_FIELD_LIMIT)
-    reader = csv.DictReader(stream, delimiter=delimiter)
-    try:
-        for row, record in enumerate(reader):
-            if stop is not None and row >= stop:
-                return
-            if row >= start:
-                # a short row's missing cells (None) count as absent; extra cells (key None) are dropped
-                yield row, {k: v for k, v in record.items() if k is not None and v is not None}
-    except csv.Error as exc:
-        raise CorpusError(f"{name}:{reader.line_num}: unreadable CSV: {exc}") from exc
-
-
-def _parquet(stream: Any, start: int, stop: int | None,
-             columns: list[str] | None) -> Iterator[tuple[int, Row]]:
+def _parquet(stream: Any, start: int, stop: int | None, columns: list[str] | None,
+             position: ReadPosition) -> Iterator[tuple[int, Row]]:
     parquet = pq.ParquetFile(stream)
+    position.total = parquet.metadata.num_rows
     present = set(parquet.schema_arrow.names)
     wanted = [c for c in dict.fromkeys(columns or []) if c in present] if columns is not None else None
+    batch_size = _PARQUET_BATCH if stop is None else max(1, min(_PARQUET_BATCH, stop - start))
     row = 0
     for group in range(parquet.num_row_groups):
         size = parquet.metadata.row_group(group).num_rows
         if row + size <= start:
             row += size  # skipped from the footer, never read
+            position.row = row
             continue
         if stop is not None and row >= stop:
             return
-        for batch in parquet.iter_batches(row_groups=[group], columns=wanted):
+        for batch in parquet.iter_batches(batch_size=batch_size, row_groups=[group], columns=wanted):
             for record in batch.to_pylist():
                 if stop is not None and row >= stop:
                     return
                 if row >= start:
                     yield row, record
                 row += 1
+                position.row = row
+
+
+def _rejected_rest(exc: Unreadable, position: ReadPosition, start: int,
+                   stop: int | None) -> Iterator[tuple[int, Row]]:
+    """``on_bad_file: reject``: what could not be read, as ``Malformed`` rows.
+
+    A Parquet file's footer says how many rows it has, so each one left becomes a reject; a stream
+    that breaks off gives one reject for its unreadable rest. CSV files reject line by line
+    themselves (``csvfile.py``) and only reach here when the bytes themselves are bad.
+    """
+    detail = f"{exc}; the rest of the file cannot be read"
+    end = position.total if position.total is not None else position.row + 1
+    for row in range(max(start, position.row), end if stop is None else min(stop, end)):
+        yield row, Malformed(detail)
 
 
 @contextlib.contextmanager
-def _open(fs: AbstractFileSystem | None, url: str, fmt: FileFormat) -> Iterator[Any]:
-    """A buffered binary stream (text for CSV), decompressed; every layer is closed on exit."""
-    if fs is None:
-        raise CorpusError(f"{url}: no filesystem to read it from")
-    with contextlib.ExitStack() as stack:
-        stream = stack.enter_context(fs.open(url, "rb"))
-        if fmt.compression is not None:
-            stream = compr[fmt.compression](stream, mode="rb")
-            stack.callback(stream.close)
-            if not isinstance(stream, io.IOBase):  # zstandard's reader cannot iterate lines
-                stream = io.BufferedReader(stream)
-                stack.callback(stream.close)
-        if fmt.name == "csv":
-            stream = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-            stack.callback(stream.close)
-        yield stream
-
-
-@contextlib.contextmanager
-def _errors(name: str) -> Iterator[None]:
-    """Turn storage, codec and Arrow failures into ``CorpusError`` naming the file."""
+def _errors(name: str, fmt: FileFormat, position: ReadPosition) -> Iterator[None]:
+    """Turn storage failures into ``CorpusError`` and bad content into ``Unreadable``, naming the file."""
     try:
         yield
+    except CorpusError:
+        raise
     except FileNotFoundError as exc:
         raise CorpusError(f"{name}: the file is gone (changed since planning?)") from exc
     except UnicodeDecodeError as exc:
-        raise CorpusError(f"{name}: not UTF-8 text: {exc}") from exc
-    except (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError, pa.ArrowException) as exc:
-        raise CorpusError(f"{name}: cannot read: {exc}") from exc
+        raise Unreadable(f"not UTF-8 text: {exc}", file=name, line=_next_line(position)) from exc
+    except pa.ArrowException as exc:  # an ArrowIOError is a plain OSError: storage, below
+        raise Unreadable(f"not a readable Parquet file {_where(position)}: {exc}", file=name) from exc
+    except CODEC_ERRORS as exc:
+        if fmt.compression is None:  # no decompressor: an OSError is the storage's
+            if isinstance(exc, OSError):
+                raise CorpusError(f"{name}: storage refused: {exc}") from exc
+            raise
+        raise Unreadable(f"the {fmt.compression} data is corrupt or truncated {_where(position)} "
+                         f"({type(exc).__name__}: {exc})", file=name, line=_next_line(position)) from exc
+
+
+def _next_line(position: ReadPosition) -> int | None:
+    return None if position.line is None else position.line + 1
+
+
+def _where(position: ReadPosition) -> str:
+    if position.line is not None:
+        return f"after line {position.line}" if position.line else "from its start"
+    return f"after row {position.row}" if position.row else "from its start"

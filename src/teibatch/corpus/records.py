@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from teibatch.errors import CorpusMismatch
+
 DEFAULT_SHARD_DOCS = 10_000
 DEFAULT_TEXT_FIELD = "text"
 
 FORMATS = ("auto", "jsonl", "json", "parquet", "csv", "text")
+
+ON_BAD_FILE_FAIL = "fail"
+ON_BAD_FILE_REJECT = "reject"
+ON_BAD_FILE = (ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT)
+"""What a file that cannot be read to its end does: fail its shard (``CorpusMismatch``, the default),
+or reject what cannot be read as ``malformed_record`` and keep the rows before it."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,29 @@ class CorpusOptions:
     keep_fields: tuple[str, ...] = ()
     shard_docs: int = DEFAULT_SHARD_DOCS
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    on_bad_file: str = ON_BAD_FILE_FAIL
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A source file that planning found unreadable: corrupt or truncated compression, a CSV quote
+    that never closes, a JSON document whose brackets do not balance. ``message`` is the whole text
+    of the error (it starts with the file and line); ``line`` is where, when known."""
+
+    file: str
+    message: str
+    line: int | None = None
+
+    @classmethod
+    def from_error(cls, file: str, error: CorpusMismatch) -> BadFile:
+        """The record of ``error``, raised while reading ``file``."""
+        return cls(file, str(error), error.line)
+
+    def error(self) -> CorpusMismatch:
+        """The error that reading this file's shard raises: the same text, file and line."""
+        error = CorpusMismatch(self.message)  # the message already starts with "file:line: "
+        error.file, error.line = self.file, self.line
+        return error
 
 
 @dataclass(frozen=True)
@@ -30,6 +61,8 @@ class Shard:
 
     For row formats ``sources`` is one file; for ``text`` (one document per file) it is the files.
     ``id`` changes whenever the sources' fingerprints, the range or the reading options change.
+    ``bad_file`` is set on the one shard planned for a file that cannot be read (with
+    ``on_bad_file: fail``): reading that shard raises its ``CorpusMismatch``.
     """
 
     id: str
@@ -37,6 +70,7 @@ class Shard:
     start: int
     stop: int
     format: str
+    bad_file: BadFile | None = None
 
     @property
     def size(self) -> int:

@@ -8,7 +8,11 @@ so planning twice gives the same ids, a changed file changes only its own shards
 committed by an earlier run can be recognised and skipped.
 
 Planning streams each row file once to count its records (Parquet reads only its footer); nothing
-of the corpus is held in memory.
+of the corpus is held in memory. A file that cannot be read to its end (``CorpusMismatch`` while
+counting) does not stop the plan: with ``on_bad_file: fail`` it gets one shard carrying the problem
+(``Shard.bad_file``), and reading that shard raises it, so the other files' shards still run and a
+run after the file is fixed (a new fingerprint, a new shard id) completes. With ``reject`` it is
+counted with its ``Malformed`` rows and sharded like any other file.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from teibatch.corpus.documents import DocumentRules, fallback_id
 from teibatch.corpus.formats import FileFormat, detect_format
 from teibatch.corpus.listing import CorpusRoot, SourceFile, fingerprint, list_sources, resolve_root
 from teibatch.corpus.readers import count_rows, iter_rows, read_text
-from teibatch.corpus.records import REJECT_DUPLICATE_ID, CorpusOptions, Document, Reject, Shard
-from teibatch.errors import CorpusError
+from teibatch.corpus.records import REJECT_DUPLICATE_ID, BadFile, CorpusOptions, Document, Reject, Shard
+from teibatch.errors import CorpusError, CorpusMismatch
 
 SHARD_ID_HEX = 16
-SHARD_ID_VERSION = 1
-"""Bumped when the reading rules change what a shard yields, so old shard ids stop matching."""
+SHARD_ID_VERSION = 2
+"""Bumped when the reading rules change what a shard yields, so old shard ids stop matching.
+2: the id rule (a missing, empty, null or non-integer id is a reject) and strict CSV quoting."""
 
 
 def plan_shards(options: CorpusOptions) -> list[Shard]:
@@ -60,7 +65,11 @@ def plan_shards(options: CorpusOptions) -> list[Shard]:
                 flush_texts()
             continue
         flush_texts()
-        rows = count_rows(root.fs, source.url, fmt, source.path)
+        try:
+            rows = count_rows(root.fs, source.url, fmt, source.path, options.on_bad_file)
+        except CorpusMismatch as exc:
+            shards.append(_shard(options, [source], 0, fmt.name, 0, BadFile.from_error(source.path, exc)))
+            continue
         for start in range(0, rows, options.shard_docs):
             stop = min(start + options.shard_docs, rows)
             shards.append(_shard(options, [source], start, fmt.name, stop))
@@ -75,10 +84,17 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True) -> 
     recomputed: a corpus changed since planning raises ``CorpusError`` instead of yielding content
     that no longer matches the id. A second document with an id already seen in this shard is
     rejected as a duplicate.
+
+    A shard planned for a bad file (``shard.bad_file``) raises its ``CorpusMismatch`` (exit code
+    2, naming the file and line) before yielding anything; with ``on_bad_file: fail`` a file found
+    bad only while reading (a Parquet page, a compressed text file) raises the same way. Either
+    stops this shard only: the caller may go on with the others.
     """
     root = resolve_root(options)
     if verify:
         _verify(options, root, shard)
+    if shard.bad_file is not None:
+        raise shard.bad_file.error()
     rules = DocumentRules.for_format(options, shard.format)
     seen: set[str] = set()
     count = 0
@@ -96,9 +112,13 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True) -> 
                           f"but {count} were read; the corpus changed since planning, plan again")
 
 
-def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, stop: int, fmt: str) -> str:
-    """The id of a shard: 16 hex chars of blake2b over everything that decides its content."""
-    payload = {
+def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, stop: int, fmt: str,
+             *, unreadable: bool = False) -> str:
+    """The id of a shard: 16 hex chars of blake2b over everything that decides its content.
+
+    ``unreadable`` marks the shard of a bad file, so it never shares an id with a readable range.
+    """
+    payload: dict[str, object] = {
         "version": SHARD_ID_VERSION,
         "sources": [[source.path, source.fingerprint] for source in sources],
         "start": start,
@@ -108,23 +128,27 @@ def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, 
         "text_field": options.text_field,
         "keep_fields": list(options.keep_fields),
     }
+    if unreadable:
+        payload["unreadable"] = True
     encoded = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(encoded, digest_size=SHARD_ID_HEX // 2).hexdigest()
 
 
 def _shard(options: CorpusOptions, sources: Sequence[SourceFile], start: int, fmt: str,
-           stop: int | None = None) -> Shard:
+           stop: int | None = None, bad_file: BadFile | None = None) -> Shard:
     if stop is None:  # a group of text files: positions in the sorted list of text files
         stop = start + len(sources)
     paths = tuple(source.path for source in sources)
-    return Shard(shard_id(options, sources, start, stop, fmt), paths, start, stop, fmt)
+    identity = shard_id(options, sources, start, stop, fmt, unreadable=bad_file is not None)
+    return Shard(identity, paths, start, stop, fmt, bad_file)
 
 
 def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
            rules: DocumentRules) -> Iterator[tuple[str, Document | Reject]]:
     if shard.format == "text":
         for path in shard.sources:
-            content = read_text(root.fs, root.url(path), _format(options, shard, path), path)
+            content = read_text(root.fs, root.url(path), _format(options, shard, path), path,
+                                options.on_bad_file)
             row = content if not isinstance(content, str) else {rules.text_field: content}
             yield path, rules.to_item(row, path)
         return
@@ -133,7 +157,7 @@ def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
     path = shard.sources[0]
     fmt = _format(options, shard, path)
     for number, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
-                                 columns=rules.columns()):
+                                 columns=rules.columns(), on_bad_file=options.on_bad_file):
         where = fallback_id(path, number)
         yield where, rules.to_item(row, where)
 
@@ -157,6 +181,8 @@ def _verify(options: CorpusOptions, root: CorpusRoot, shard: Shard) -> None:
             except OSError as exc:
                 raise CorpusError(f"{path}: storage refused: {exc}") from exc
             sources.append(SourceFile(path, root.url(path), fingerprint(info)))
-    if shard_id(options, sources, shard.start, shard.stop, shard.format) != shard.id:
+    expected = shard_id(options, sources, shard.start, shard.stop, shard.format,
+                        unreadable=shard.bad_file is not None)
+    if expected != shard.id:
         raise CorpusError(f"{', '.join(shard.sources)}: changed since shard {shard.id} was planned; "
                           "plan again")

@@ -12,10 +12,13 @@ from teibatch.fleet.base import (
     supports,
     wait_healthy,
 )
+from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.ledger import Ledger, LedgerEntry
 from teibatch.fleet.lifecycle import ExportPlan, finish, session
 from teibatch.fleet.local import LocalProvider
 from teibatch.fleet.localdocker import LocalDockerProvider, docker_engine_available
+from teibatch.fleet.offers import GpuWant, Offer
+from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.ssh import SshHost, SshProvider, read_inventory
 from teibatch.fleet.static import StaticProvider
 from teibatch.fleet.sweep import SweepResult, sweep
@@ -25,14 +28,20 @@ __all__ = [
     "DestroysHosts",
     "ExportPlan",
     "ExportsVolumes",
+    "GpuWant",
     "Instance",
     "InstanceState",
+    "LambdaApi",
+    "LambdaProvider",
     "LaunchSpec",
     "Ledger",
     "LedgerEntry",
     "LocalDockerProvider",
     "LocalProvider",
+    "Offer",
     "Provider",
+    "RunPodApi",
+    "RunPodProvider",
     "SshHost",
     "SshProvider",
     "StaticProvider",

@@ -122,3 +122,59 @@ def fit_rule() -> FitRule:
     fit = _load("models.yaml")["fit"]
     return FitRule(bytes_per_parameter=float(fit["bytes_per_parameter"]),
                    overhead_factor=float(fit["overhead_factor"]), reserve_gib=float(fit["reserve_gib"]))
+
+
+@dataclass(frozen=True)
+class CloudCard:
+    """A GPU family the clouds rent, recognised by ``pattern`` in a cloud's GPU name."""
+
+    pattern: str
+    name: str
+    compute_capability: str
+    fp16_tflops: float | None = None
+
+
+@dataclass(frozen=True)
+class BillingRule:
+    """How a cloud rounds rented time: up to whole ``increment_s``, at least ``minimum_s``, per instance."""
+
+    increment_s: int
+    minimum_s: int
+    source: str = ""
+
+    def billed_seconds(self, seconds: float) -> int:
+        """The seconds billed for an instance that ran ``seconds``."""
+        if seconds <= 0:
+            return 0
+        increments = -(-round(seconds * 1000) // (self.increment_s * 1000))  # ceil, without float slop
+        return max(self.minimum_s, increments * self.increment_s)
+
+
+@dataclass(frozen=True)
+class ThroughputRule:
+    """The plan's estimate of tokens/s per card from the card's FP16 TFLOPS and the model's parameters."""
+
+    efficiency: float
+    flops_per_token_per_parameter: float
+    source: str
+
+    def tokens_per_s(self, fp16_tflops: float, parameters: int) -> float:
+        return self.efficiency * fp16_tflops * 1e12 / (self.flops_per_token_per_parameter * parameters)
+
+
+@cache
+def cloud_cards() -> tuple[CloudCard, ...]:
+    return tuple(CloudCard(pattern=c["pattern"], name=c["name"], compute_capability=str(c["compute_capability"]),
+                           fp16_tflops=c.get("fp16_tflops")) for c in _load("clouds.yaml")["cards"])
+
+
+@cache
+def billing_rules() -> dict[str, BillingRule]:
+    return {name: BillingRule(int(rule["increment_s"]), int(rule["minimum_s"]), str(rule.get("source", "")))
+            for name, rule in _load("clouds.yaml")["billing"].items()}
+
+
+@cache
+def throughput_rule() -> ThroughputRule:
+    rule = _load("clouds.yaml")["throughput"]
+    return ThroughputRule(float(rule["efficiency"]), float(rule["flops_per_token_per_parameter"]), str(rule["source"]))

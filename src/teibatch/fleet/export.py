@@ -99,6 +99,10 @@ def export_volume(shell: Shell, volume: str, url: str, *, timeout: float,
                 with fs.open(target, "wb") as out:
                     _copy(source, out)
                 sizes[rel] = member.size
+            # tarfile stops at the end-of-archive marker, but tar pads its output to a whole record:
+            # read it to the end, or tar dies of SIGPIPE (exit 141) when the pipe closes under it.
+            while pipe.read(CHUNK):
+                pass
         problems = []
         if set(sizes) != set(expected):
             problems.append(f"the copy has {len(sizes)} files, the volume {len(expected)}")

@@ -277,8 +277,8 @@ class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
                        timeout: float | None = None) -> list[str]:
         urls, failures = [], []
         for slot in self._slots:
-            if slot.volume is None:
-                continue  # never reached: nothing of this run is on that host
+            if slot.volume is None or slot.state is InstanceState.DESTROYED:
+                continue  # never reached, or its host is gone: nothing of this run to copy there
             url = f"{to.rstrip('/')}/{slot.name}"
             if not slot.exported:
                 self._note(slot, None, export={"url": url, "verified": False})
@@ -302,18 +302,19 @@ class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
         for slot in self._slots:
             if slot.state is InstanceState.DESTROYED:
                 continue
-            removes_data = bool(self.remove_volume and slot.volume) or bool(slot.plan.destroy_command)
+            destroys_host = self._destroys_host(slot)
+            removes_data = bool(self.remove_volume and slot.volume) or destroys_host
             if removes_data and slot.volume is not None and not (slot.exported or waive_export):
                 kept.append(slot.name)
                 self._note(slot, None, kept="export not verified")
                 continue
-            if slot.state is not InstanceState.REMOVED and not slot.plan.destroy_command:
+            if slot.state is not InstanceState.REMOVED and not destroys_host:
                 continue  # its container was not confirmed gone: down() said so
             try:
-                if self.remove_volume and slot.volume:
+                if self.remove_volume and slot.volume and slot.state is InstanceState.REMOVED:
                     slot.plan.shell.run(f"rm -rf -- {shlex.quote(slot.volume)}", what="remove the volume")
-                if slot.plan.destroy_command:
-                    self._run_destroy_command(slot)
+                if destroys_host:
+                    self._destroy_host(slot)
             except FleetError as exc:
                 problems.append(f"{slot.label} ({slot.name}): {exc}")
                 self._note(slot, None, error=str(exc))
@@ -328,6 +329,14 @@ class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
             raise TeardownIncomplete(f"run {self.run_id}: could not destroy: {'; '.join(problems)}; "
                                      "`teibatch fleet sweep` retries")
         return kept
+
+    def _destroys_host(self, slot: _Slot) -> bool:
+        """Whether destroying ``slot`` destroys its host (and so its volume): a ``destroy_command`` here."""
+        return bool(slot.plan.destroy_command)
+
+    def _destroy_host(self, slot: _Slot) -> None:
+        """Destroy the host of ``slot`` (raise a :class:`FleetError` when it could not be done)."""
+        self._run_destroy_command(slot)
 
     def _run_destroy_command(self, slot: _Slot) -> None:
         """Run the host's ``destroy_command`` on this machine (a provider CLI call, typically)."""
@@ -376,16 +385,23 @@ class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
         config = record.get("config", {})
         provider = cls([], name=str(record.get("provider", "ssh")), gpu=bool(config.get("gpu", True)),
                        remove_volume=bool(config.get("remove_volume", False)), ledger=ledger)
-        provider.run_id = str(record["run_id"])
+        provider._restore(record)
+        return provider
+
+    def _restore(self, record: Mapping[str, Any]) -> None:
+        """Take over the instances of a recorded run, as last recorded (entries without a shell are skipped
+        when ``self.hosts`` is a cloud's: their host was never reached)."""
+        self.run_id = str(record["run_id"])
         for name, entry in record.get("instances", {}).items():
+            if "shell" not in entry and record.get("config", {}).get("kind") != "container":
+                continue
             plan = HostPlan(shell_from_record(entry.get("shell", {"kind": "local"})),
                             entry.get("destroy_command"), entry.get("gpu_index"))
             try:
                 state = InstanceState(entry.get("state", "unknown"))
             except ValueError:
                 state = InstanceState.UNKNOWN
-            provider._slots.append(_Slot(
+            self._slots.append(_Slot(
                 name, plan, state=state, volume=entry.get("volume"), port=entry.get("port"),
                 launch_sent=bool(entry.get("launch_sent")) or state is InstanceState.UNKNOWN,
                 exported=bool((entry.get("export") or {}).get("verified"))))
-        return provider

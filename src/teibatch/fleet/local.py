@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,33 @@ from teibatch.fleet.shell import die_with_parent
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
+WORKDIR_PREFIX = "teibatch-local-"
+
+
+def remove_orphan_workdirs(root: Path | None = None) -> list[Path]:
+    """Delete the servers' folders (ready files, logs) of runs whose driver is gone; return them.
+
+    A driver killed with SIGKILL cannot clean up after itself; the next run on the machine does.
+    Only folders whose name carries a pid that no longer runs are touched.
+    """
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = folder.name.removeprefix(WORKDIR_PREFIX).partition("-")[0]
+        if not pid.isdigit() or _pid_alive(int(pid)) or not folder.is_dir():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
 
 
 @dataclass
@@ -66,7 +94,9 @@ class LocalProvider(Provider):
     def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
         if self._processes:  # idempotent: this run's servers already run
             return [Endpoint(p.url, self.api_key, self.payload_limit) for p in self._processes if p.url]
-        self._workdir = tempfile.TemporaryDirectory(prefix="teibatch-local-")
+        remove_orphan_workdirs()
+        # The pid in the name lets a later run remove this folder if this driver is killed outright.
+        self._workdir = tempfile.TemporaryDirectory(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
         workdir = Path(self._workdir.name)
         env = {**os.environ, "API_KEY": self.api_key}
         for index in range(self.count):

@@ -11,8 +11,6 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import JobSpecError, TeiAuthError, WrongModelKind
 from teibatch.tei import EmbedOptions, RequestPacker, ServerInfo, TeiClient, choose_route
 
-PROBE_TEXT = "teibatch probe: is this server ready to embed?"
-
 
 @dataclass(frozen=True)
 class ConnectedServer:
@@ -74,8 +72,7 @@ async def _meet(client: TeiClient, options: EmbedOptions, requested_route: str,
                 "launch TEI with an embedding model for this job", server=client.url, status_code=None)
         route = choose_route(requested_route, options, info)
         packer = RequestPacker(route, options, max_batch_size=1, payload_limit=10**9)
-        (batch,) = packer.pack([(0, PROBE_TEXT)])
-        vectors = await client.embed(batch.request)
+        vectors = await client.embed(packer.probe())
     except TeiAuthError as exc:
         hint = (f"put the right key in the environment variable {api_key_env}" if api_key_env
                 else "set servers.api_key_env to the name of an environment variable holding the key")

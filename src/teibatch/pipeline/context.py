@@ -9,12 +9,11 @@ from teibatch.corpus.records import CorpusOptions
 from teibatch.endpoint import Endpoint
 from teibatch.sink.parts import VectorSchema, WriteOptions
 from teibatch.tei.info import ClientLimits
-from teibatch.tei.packing import EmbedOptions
 
 
 @dataclass(frozen=True)
 class ServerPlan:
-    """One server as every shard task sees it: where, and its share of the limits."""
+    """One server as its sender sees it: where, and the limits the job allows towards it."""
 
     endpoint: Endpoint
     limits: ClientLimits
@@ -22,18 +21,11 @@ class ServerPlan:
 
 @dataclass(frozen=True)
 class ShardContext:
-    """Everything a shard task needs besides the shard itself."""
+    """Everything a shard task needs besides the shard itself and the senders it embeds through."""
 
     corpus: CorpusOptions
-    servers: tuple[ServerPlan, ...]
-    route: str
-    embed: EmbedOptions
     hash_options: dict[str, Any]
     schema: VectorSchema
     write: WriteOptions
     output: str
     output_options: dict[str, Any] = field(default_factory=dict)
-    max_retries: int = 6
-    request_timeout: float = 60.0
-    model_id: str | None = None
-    api_key_env: str | None = None

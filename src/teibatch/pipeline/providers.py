@@ -25,6 +25,9 @@ from teibatch.fleet import (
     session,
 )
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
+from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin
+from teibatch.fleet.offers import GpuWant
+from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.job import JobSpec, SshHostSection
 
 BUILTIN_MODEL_PREFIX = "teibatch/"  # models only the built-in server serves
@@ -52,6 +55,10 @@ def provider_for(job: JobSpec) -> Provider:
                               payload_limits={s.url: s.payload_limit for s in servers.urls if s.payload_limit})
     if servers.provider == "ssh":
         return _ssh_provider(job)
+    if servers.provider == "lambda":
+        return _lambda_provider(job)
+    if servers.provider == "runpod":
+        return _runpod_provider(job)
     if _local_engine(job) == "docker":
         _needs_model(job)
         options = {"volume": servers.volume} if servers.volume else {}
@@ -118,6 +125,52 @@ def _ssh_provider(job: JobSpec) -> SshProvider:
     return SshProvider(hosts, model_id=job.model.id, image=servers.image, volume=servers.volume or DEFAULT_VOLUME,
                        remove_volume=servers.remove_volume, server_args=tuple(servers.server_args),
                        startup_timeout=_startup_timeout(job), payload_limit=job.client.payload_limit)
+
+
+def gpu_want(job: JobSpec) -> GpuWant:
+    """The cards a cloud job may rent (``servers.gpu``, ``min_vram_gb``, ``max_price``, ``regions``)."""
+    servers = job.servers
+    return GpuWant(names=servers.gpu, min_vram_gb=servers.min_vram_gb, max_price=servers.max_price,
+                   regions=servers.regions)
+
+
+def cloud_api(job: JobSpec) -> LambdaApi | RunPodApi:
+    """The API of the job's GPU cloud, with the key from the environment or the cloud's config file."""
+    if job.servers.provider == "lambda":
+        return LambdaApi()
+    return RunPodApi(cloud_type=job.servers.cloud_type)
+
+
+def _lambda_provider(job: JobSpec) -> LambdaProvider:
+    servers = job.servers
+    _needs_model(job)
+    if not job.export.to and not job.export.waive:
+        raise JobSpecError("terminating a Lambda instance destroys its disk (the model weights): set export.to to "
+                           "copy the volume off first, or export.waive: true", key="export")
+    assert servers.ssh_key_name is not None  # the job file's validation requires it
+    return LambdaProvider(LambdaApi(), count=servers.count, want=gpu_want(job), ssh_key_name=servers.ssh_key_name,
+                          login=SshLogin(user=servers.ssh_user, port=servers.ssh_port, key_file=servers.key_file),
+                          max_replacements=servers.max_replacements, model_id=job.model.id, image=servers.image,
+                          volume=servers.volume or DEFAULT_VOLUME, remove_volume=servers.remove_volume,
+                          server_args=tuple(servers.server_args), startup_timeout=_startup_timeout(job),
+                          payload_limit=job.client.payload_limit)
+
+
+def _runpod_provider(job: JobSpec) -> RunPodProvider:
+    servers = job.servers
+    _needs_model(job)
+    if job.export.to:
+        raise JobSpecError("a RunPod pod has no shell to copy its volume through: keep the model weights in a "
+                           "network volume (servers.network_volume_id) and remove export.to", key="export.to")
+    if not servers.network_volume_id and not job.export.waive:
+        raise JobSpecError("terminating a RunPod pod destroys its container disk (the model weights): set "
+                           "servers.network_volume_id to keep them in a network volume, or export.waive: true",
+                           key="export")
+    return RunPodProvider(RunPodApi(cloud_type=servers.cloud_type), count=servers.count, want=gpu_want(job),
+                          model_id=job.model.id, image=servers.image, server_args=tuple(servers.server_args),
+                          startup_timeout=_startup_timeout(job), max_replacements=servers.max_replacements,
+                          network_volume_id=servers.network_volume_id, container_disk_gb=servers.container_disk_gb,
+                          payload_limit=job.client.payload_limit)
 
 
 def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import signal
+import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
 
 import ray
 
-from teibatch.corpus import Shard, keep_field_types, plan_shards
+from teibatch.corpus import Shard, keep_field_types, plan_shards, probe_corpus
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import (
     CapacityUnavailable,
+    CorpusMismatch,
+    DimensionMismatch,
+    OutputMismatch,
     RunIncomplete,
-    SinkError,
     TeiAuthError,
     TeibatchError,
     WrongModelKind,
@@ -26,8 +26,12 @@ from teibatch.fleet import Provider
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
+from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
+from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, SilentReporter
 from teibatch.pipeline.providers import fleet_session, provider_for
+from teibatch.pipeline.ray_runtime import ray_session
+from teibatch.pipeline.senders import SenderRef, plan_senders, sender_news, start_senders, stop_senders
 from teibatch.pipeline.shard import ShardOutcome, process_shard
 from teibatch.pipeline.summary import RunSummary, new_run_id
 from teibatch.sink import (
@@ -45,6 +49,10 @@ log = logging.getLogger(__name__)
 
 # Errors that would fail every other shard the same way: stop the run at once.
 FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
+# How often the driver passes on what the senders saw (retries, servers taken out).
+NEWS_INTERVAL_S = 5.0
+# Shard tasks per sender when the job leaves it to teibatch (see _shards_in_flight).
+SHARDS_PER_SENDER = 2
 
 
 def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None) -> RunSummary:
@@ -53,8 +61,12 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     summary = RunSummary(run_id=new_run_id())
     started = time.monotonic()
     store = OutputStore(job.output.path, job.output.storage_options)
-    manifest = _open_manifest(store, job)
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
+    probe_corpus(job.corpus_options())  # a corpus that does not fit the job stops here, before any server
+    store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
+    manifest = _open_manifest(store, job, reporter)
+    if job.limits.max_cost is not None:
+        check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
     shards = plan_shards(job.corpus_options())
     live = {s.id for s in shards}
     pending = [s for s in shards if s.id not in manifest.shards]
@@ -67,10 +79,14 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     if summary.shards_skipped:
         reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed")
     try:
-        with _terminate_as_interrupt():
+        with catch_interrupts() as interrupts:
             if pending:
-                previous = _previous_parts(job, manifest, live)
-                _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, ray_address)
+                with ray_session(ray_address, summary.timings):
+                    reinstall(interrupts)
+                    interrupts.check()
+                    previous = _previous_parts(job, manifest, live)
+                    _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts)
+            interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
         # SystemExit: a SIGTERM that came while ray.init's own handler (which exits) was in place.
@@ -81,31 +97,60 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
         summary.errors.append(str(exc))
         raise
     finally:
-        reporter.stop()
-        if summary.status == "done":
-            remove_stale(store, manifest, live)
-        manifest.save(store)
-        summary.timings["total_s"] = time.monotonic() - started
-        save_report(store, summary.run_id, summary.to_json())
+        with catch_interrupts():  # a second Ctrl-C must not cut the report short
+            reporter.stop()
+            if summary.status == "done":
+                remove_stale(store, manifest, live)
+            manifest.save(store)
+            summary.timings["total_s"] = time.monotonic() - started
+            save_report(store, summary.run_id, summary.to_json())
+    if summary.corpus_errors:
+        raise CorpusMismatch(f"{len(summary.corpus_errors)} shard(s) could not be read, the others are committed: "
+                             f"{summary.corpus_errors[0]}; fix the file(s) and run the same command again")
     if summary.status != "done":
         missing = len(shards) - len(manifest.shards.keys() & live)
         first = f" (first error: {summary.errors[0]})" if summary.errors else ""
         raise RunIncomplete(f"{summary.status}: {missing} of {len(shards)} shards are not committed{first}; "
                             "run the same command again to finish them")
+    _refuse_all_rejected(summary)
     return summary
 
 
-def _open_manifest(store: OutputStore, job: JobSpec) -> Manifest:
+def _refuse_all_rejected(summary: RunSummary) -> None:
+    """A run that read documents and rejected every one of them did not do what its user meant."""
+    if not summary.documents_read or summary.embedded or summary.reused:
+        return
+    if summary.rejected_total != summary.documents_read:
+        return
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in summary.rejected.most_common())
+    hint = (" — is corpus.text_field the field that holds the text?" if "missing_text" in summary.rejected
+            else "")
+    raise CorpusMismatch(f"every one of the {summary.documents_read} documents read was rejected ({reasons}){hint}; "
+                         "see the rejects/ folder of the output. Fix the job and run it again: an output that holds "
+                         "no vectors accepts other reading options")
+
+
+def _open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manifest:
+    """The output's manifest; one made with other options is refused, unless it holds no vector at all.
+
+    An output without a single vector (say every document was rejected because ``text_field`` named
+    the wrong field) has nothing another set of options could make inconsistent: it is started afresh.
+    """
     manifest = Manifest.load(store)
     fingerprint = job.output_fingerprint()
     if manifest is None:
         return Manifest(fingerprint=fingerprint, job_name=job.name)
-    if manifest.fingerprint != fingerprint:
-        raise SinkError(
-            f"{store.url} holds vectors made with other model options or reading options (job "
-            f"{manifest.job_name!r}); mixing them would give inconsistent vectors. Write to a new "
-            "output.path, or delete the old output first")
-    return manifest
+    if manifest.fingerprint == fingerprint:
+        return manifest
+    if not any(entry.rows for entry in manifest.shards.values()):
+        reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options")
+        fresh = Manifest(fingerprint=fingerprint, job_name=job.name, runs=list(manifest.runs))
+        remove_stale(store, fresh, live=set())
+        return fresh
+    raise OutputMismatch(
+        f"{store.url} holds vectors made with other model options or reading options (job "
+        f"{manifest.job_name!r}); mixing them would give inconsistent vectors. Write to a new "
+        "output.path, or delete the old output first")
 
 
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
@@ -121,45 +166,57 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
-                   summary: RunSummary, reporter: Reporter, ray_address: str | None) -> None:
+                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
                            on_too_long=job.model.on_too_long)
     clock = time.monotonic()
     with fleet_session(job, provider, summary.run_id) as endpoints:
+        interrupts.check()
         reporter.message(f"{len(endpoints)} {provider.name} server(s) ready")
         fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                         api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
         summary.timings["fleet_up_s"] = time.monotonic() - clock
+        _check_same_vectors(manifest, fleet, store)
         manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                          "servers": [s.info.to_json() for s in fleet.servers]}
-        with _ray_session(ray_address):
-            in_flight = _shards_in_flight(job, fleet)
-            context = _context(job, fleet, options, in_flight)
+        plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
+                             embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
+                             api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
+                             max_retries=job.client.max_retries)
+        senders = start_senders(plans)
+        try:
             clock = time.monotonic()
             reporter.start(len(pending), sum(s.size for s in pending))
-            _schedule(pending, previous, context, in_flight, manifest, store, summary, reporter, job)
+            _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
+                      job, interrupts)
             summary.timings["embed_s"] = time.monotonic() - clock
+        finally:
+            summary.servers = stop_senders(senders)
 
 
-def _context(job: JobSpec, fleet: Fleet, options: EmbedOptions, in_flight: int) -> ShardContext:
-    plans = []
-    for server in fleet.servers:
-        limits = _limits(job, server)
-        # The server counts inputs from all shard tasks together: each task gets its share.
-        plans.append(ServerPlan(server.endpoint, limits.share(in_flight)))
+def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:
+    """The first commit fixes the output's model and dimension; servers that differ stop the run here."""
+    if not manifest.shards or not manifest.info:
+        return
+    dimension, model = manifest.info.get("dimension"), manifest.info.get("model_id")
+    if dimension not in (None, fleet.dimension) or model not in (None, fleet.model_id):
+        raise DimensionMismatch(
+            f"{store.url} holds {dimension}-dimension vectors of {model}, but the servers give {fleet.dimension}-"
+            f"dimension vectors of {fleet.model_id}; point the job at servers with the output's model, or write "
+            "to a new output.path")
+
+
+def _context(job: JobSpec, fleet: Fleet) -> ShardContext:
     corpus = job.corpus_options()
     hash_options = {**job.vector_options(), "model": fleet.model_id}
     schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type,
                           kept=keep_field_types(corpus),
                           metadata={"model_id": fleet.model_id, "options": hash_options, "job": job.name})
-    return ShardContext(corpus=corpus, servers=tuple(plans), route=fleet.route, embed=options,
-                        hash_options=hash_options, schema=schema,
+    return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
-                        output=job.output.path, output_options=dict(job.output.storage_options),
-                        max_retries=job.client.max_retries, request_timeout=job.client.request_timeout,
-                        model_id=fleet.model_id, api_key_env=job.servers.api_key_env)
+                        output=job.output.path, output_options=dict(job.output.storage_options))
 
 
 def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
@@ -173,63 +230,99 @@ def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
         payload_limit=server.endpoint.payload_limit or client.payload_limit)
 
 
-def _shards_in_flight(job: JobSpec, fleet: Fleet) -> int:
-    """Shard tasks at once: the job's number or the cluster's CPUs, and never more than every server can
-    give one input in flight to (each task holds a share of every server's in-flight limit)."""
+def _shards_in_flight(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard]) -> int:
+    """Shard tasks at once: the job's number, else enough to keep every sender fed and no more.
+
+    Enough: the tasks together hold the senders' whole budget in documents (small shards need more
+    tasks for that), and each sender has ``SHARDS_PER_SENDER`` more reading and hashing their shard
+    while the others finish and write, so the senders never wait. More would only compete with the
+    servers and the senders for CPU — on a machine whose Ray declares more CPUs than it has, that
+    slows the run down instead of speeding it up.
+    """
     wanted = job.limits.max_shards_in_flight
-    count = int(wanted) if wanted != "auto" else max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return min(count, *(_limits(job, server).max_parts for server in fleet.servers))
+    if wanted != "auto":
+        return int(wanted)
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    mean_shard = max(1.0, sum(s.size for s in pending) / max(1, len(pending)))
+    to_fill = math.ceil(sum(s.budget for s in senders) / mean_shard)
+    return max(1, min(cpus, to_fill + SHARDS_PER_SENDER * len(senders)))
 
 
-def _shard_task(shard: Shard, context: ShardContext, previous: tuple[str, ...]) -> ShardOutcome:
-    outcome = process_shard(shard, context, previous)
+def _shard_task(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
+                previous: tuple[str, ...]) -> ShardOutcome:
+    outcome = process_shard(shard, context, senders, previous)
     return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
 
 
 def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
-              in_flight: int, manifest: Manifest, store: OutputStore, summary: RunSummary, reporter: Reporter,
-              job: JobSpec) -> None:
-    """Keep ``in_flight`` shard tasks running; commit each one as it finishes."""
+              senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
+              reporter: Reporter, job: JobSpec, interrupts: Interrupts) -> None:
+    """Keep shard tasks running; commit each one as it finishes; pass on what the senders report."""
     # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
     task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(_shard_task)
     if crash_settings := task_environment():
         task = task.options(runtime_env={"env_vars": crash_settings})
     context_ref = ray.put(context)
+    in_flight = _shards_in_flight(job, senders, pending)
     queue = list(reversed(pending))
     running_refs: dict[ray.ObjectRef, Shard] = {}
     deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
+    news_due = time.monotonic() + NEWS_INTERVAL_S
     try:
         while queue or running_refs:
+            interrupts.check()
             while queue and len(running_refs) < in_flight:
                 shard = queue.pop()
-                running_refs[task.remote(shard, context_ref, previous(shard))] = shard
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done, _ = ray.wait(list(running_refs), num_returns=1, timeout=timeout)
-            if not done:
+                running_refs[task.remote(shard, context_ref, senders, previous(shard))] = shard
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 summary.errors.append(f"limits.max_runtime ({job.limits.max_runtime:.0f}s) reached")
                 summary.shards_failed += len(running_refs) + len(queue)
                 return
+            if now >= news_due:
+                for line in sender_news(senders):
+                    reporter.message(line)
+                news_due = now + NEWS_INTERVAL_S
+            wait = min(NEWS_INTERVAL_S, deadline - now) if deadline is not None else NEWS_INTERVAL_S
+            done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
             for ref in done:
                 shard = running_refs.pop(ref)
-                try:
-                    outcome: ShardOutcome = ray.get(ref)
-                except Exception as exc:
-                    cause = getattr(exc, "cause", None)
-                    if isinstance(cause, FATAL_ERRORS):
-                        raise cause from None
-                    summary.shards_failed += 1
-                    summary.errors.append(f"shard {shard.id}: {_cause(exc)}")
-                    reporter.message(f"shard {shard.id} failed: {_cause(exc)}")
-                    reporter.advance(1, shard.size)
-                    continue
-                manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
-                manifest.save(store)
-                crashpoint("commit")
-                summary.add(outcome)
-                reporter.advance(1, shard.size)
+                _finish(shard, ref, manifest, store, summary, reporter)
     finally:
         for ref in running_refs:
             ray.cancel(ref, force=True)
+
+
+def _finish(shard: Shard, ref: ray.ObjectRef, manifest: Manifest, store: OutputStore, summary: RunSummary,
+            reporter: Reporter) -> None:
+    """Commit a finished shard, or count it as not done (and say why)."""
+    try:
+        outcome: ShardOutcome = ray.get(ref)
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, FATAL_ERRORS):
+            raise cause from None
+        summary.shards_failed += 1
+        if isinstance(cause, CorpusMismatch):
+            summary.corpus_errors.append(str(cause))
+        summary.errors.append(f"shard {shard.id}: {_cause(exc)}")
+        reporter.message(f"shard {shard.id} failed: {_cause(exc)}")
+        reporter.advance(1, shard.size)
+        return
+    if not outcome.committable:
+        summary.shards_failed += 1
+        summary.unfinished += outcome.unfinished
+        message = (f"shard {shard.id}: {outcome.unfinished} document(s) failed on the servers "
+                   f"({outcome.unfinished_detail}); not committed, the same command sends them again")
+        summary.errors.append(message)
+        reporter.message(message)
+        reporter.advance(1, shard.size)
+        return
+    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
+    manifest.save(store)
+    crashpoint("commit")
+    summary.add(outcome)
+    reporter.advance(1, shard.size)
 
 
 def _cause(exc: BaseException) -> str:
@@ -237,34 +330,3 @@ def _cause(exc: BaseException) -> str:
     inner = getattr(exc, "cause", None)
     return str(inner) if isinstance(inner, BaseException) else str(exc).strip().splitlines()[-1]
 
-
-@contextmanager
-def _ray_session(address: str | None) -> Iterator[None]:
-    """Use the running Ray (``ray job submit``), the given cluster, or start a local one for this run."""
-    if ray.is_initialized():
-        yield
-        return
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING, configure_logging=False)
-    # ray.init put its own SIGTERM handler (it aborts the driver): SIGTERM must still reach the fleet teardown.
-    with suppress(ValueError):  # ValueError: not the main thread
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so that every ``finally`` (fleet teardown above all) runs."""
-    try:
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -1,22 +1,26 @@
-"""One shard, start to finish: read it, embed it over the pool, write its parts (all or nothing)."""
+"""One shard, start to finish: read it, embed it through the senders, write its parts (all or nothing).
+
+A shard is written only when it is true: a document that failed because of the *servers*
+(``embed_failed``: 5xx, timeouts, wrong answers) is not a final reject, so a shard holding one writes
+nothing and reports how many are left; the run ends incomplete and the same command sends them again.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import resource
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
 
 from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
 from teibatch.crashpoints import crashpoint
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.senders import SenderRef, embed_through_senders
 from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
-from teibatch.tei import EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
+from teibatch.tei.work import RETRYABLE_FAILURES
 
 
 @dataclass(frozen=True)
@@ -30,13 +34,23 @@ class ShardOutcome:
     reused: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    servers: dict[str, dict[str, object]] = field(default_factory=dict)
     node: str | None = None
     peak_rss_mb: float = 0.0
+    unfinished: int = 0
+    unfinished_detail: str = ""
+
+    @property
+    def committable(self) -> bool:
+        """True when every document ended as a vector or a final reject (nothing waits for a server)."""
+        return self.unfinished == 0
 
 
-def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str, ...] = ()) -> ShardOutcome:
+def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
+                  previous_parts: tuple[str, ...] = ()) -> ShardOutcome:
     """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts; raise if it cannot finish.
+
+    When servers failed some documents (see the module docstring) nothing is written and the
+    outcome's ``unfinished`` says how many: the driver does not commit the shard.
 
     ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
     document whose id and content hash are found there keeps its vector and is not sent again.
@@ -61,9 +75,14 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
         else:
             to_embed.append(position)
     reused = len(documents) - len(to_embed)
-    server_stats: dict[str, dict[str, object]] = {}
     if to_embed:
-        result, server_stats = asyncio.run(_embed([documents[p].text for p in to_embed], context))
+        result = embed_through_senders([documents[p].text for p in to_embed], senders, context.schema.dimension)
+        unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]
+        if unfinished:
+            return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=reused,
+                                seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
+                                unfinished=len(unfinished),
+                                unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
         positions = np.asarray(to_embed, dtype=np.int64)
         vectors[positions] = result.vectors
         ok[positions] = result.ok
@@ -86,7 +105,7 @@ def process_shard(shard: Shard, context: ShardContext, previous_parts: tuple[str
     return ShardOutcome(
         shard_id=shard.id, read=read, rows=len(kept), rejects=len(rejects), reused=reused,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
-        seconds=time.monotonic() - started, servers=server_stats, peak_rss_mb=peak_rss_mb(),
+        seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
     )
 
 
@@ -95,21 +114,3 @@ def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
-
-async def _embed(texts: list[str], context: ShardContext) -> tuple[EmbedResult, dict[str, dict[str, object]]]:
-    connections = sum(max(1, p.limits.max_inflight_inputs // p.limits.max_batch_size) for p in context.servers)
-    limits = httpx.Limits(max_connections=connections + len(context.servers),
-                          max_keepalive_connections=connections + len(context.servers))
-    async with httpx.AsyncClient(limits=limits) as http:
-        servers = [Server(TeiClient(p.endpoint, http, timeout=context.request_timeout, model=context.model_id,
-                                    api_key_env=context.api_key_env), p.limits)
-                   for p in context.servers]
-        pool = EndpointPool(servers)
-        packer = RequestPacker(context.route, context.embed, max_batch_size=pool.max_batch_size,
-                               payload_limit=pool.payload_limit)
-        try:
-            result = await embed_texts(pool, packer, texts, dimension=context.schema.dimension,
-                                       max_retries=context.max_retries)
-        finally:
-            await pool.close()
-        return result, pool.stats()

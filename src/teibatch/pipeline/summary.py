@@ -31,6 +31,8 @@ class RunSummary:
     timings: dict[str, float] = field(default_factory=dict)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    corpus_errors: list[str] = field(default_factory=list)
+    unfinished: int = 0
 
     @property
     def rejected_total(self) -> int:
@@ -45,12 +47,6 @@ class RunSummary:
         if outcome.node:
             self.nodes[outcome.node] += 1
         self.worker_peak_rss_mb = max(self.worker_peak_rss_mb, outcome.peak_rss_mb)
-        for url, stats in outcome.servers.items():
-            total = self.servers.setdefault(url, {"requests": 0, "inputs": 0, "retries": 0, "errors": {}})
-            for key in ("requests", "inputs", "retries"):
-                total[key] += stats[key]
-            for kind, count in stats["errors"].items():  # type: ignore[attr-defined]
-                total["errors"][kind] = total["errors"].get(kind, 0) + count
 
     def to_json(self) -> dict[str, Any]:
         embed_s = self.timings.get("embed_s", 0.0)
@@ -60,6 +56,7 @@ class RunSummary:
                        "committed": self.shards_committed, "failed": self.shards_failed},
             "documents": {"read": self.documents_read, "embedded": self.embedded,
                           "skipped_unchanged": self.reused, "rejected": self.rejected_total,
+                          "waiting_for_servers": self.unfinished,
                           "rejected_by_reason": dict(sorted(self.rejected.items()))},
             "shards_per_node": dict(sorted(self.nodes.items())),
             "memory": {"driver_peak_rss_mb": peak_rss_mb(), "worker_peak_rss_mb": self.worker_peak_rss_mb},

@@ -166,6 +166,7 @@ class BatchQueue:
                 await asyncio.sleep(remaining)
         finished = time.perf_counter()
         self.metrics.batches += 1
+        self.metrics.model_busy(started, finished)
         for job, result in zip(batch, results, strict=True):
             job.finished = finished
             if not job.future.done():

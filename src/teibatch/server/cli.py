@@ -38,6 +38,7 @@ Examples:
   teibatch serve --api-key secret --simulate-gpu 50000 --max-batch-tokens 16384
   teibatch serve --model-kind reranker --port 8081
   teibatch serve --backend sentence-transformers --model-id sentence-transformers/all-MiniLM-L6-v2
+  teibatch serve --backend numpy --model-id sentence-transformers/all-MiniLM-L6-v2
   teibatch serve --fault-seed 7 --fault-rate-429 0.1 --fault-rate-drop 0.05 --record-texts
 """
 
@@ -54,14 +55,16 @@ def _prompt(ctx: click.Context, param: click.Parameter,
 
 
 @click.command(epilog=EPILOG, context_settings={"show_default": True, "max_content_width": 100})
-@click.option("--model-id", default=DEFAULT_MODEL_ID, help="Name the server reports in /info.")
+@click.option("--model-id", default=DEFAULT_MODEL_ID,
+              help="Name the server reports in /info; for a real model's backend, the model to load.")
 @click.option("--served-model-name", default=None,
               help="Name for /info and the OpenAI route; default: model id.")
 @click.option("--revision", default=None, help="Reported as /info model_sha.")
 @click.option("--dimension", type=click.IntRange(min=1), default=DEFAULT_DIMENSION,
               help="Vector length of the hashing backend.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="hashing",
-              help="hashing: deterministic, no download. sentence-transformers: a real model (extra 'st').")
+              help="hashing: deterministic, no download. sentence-transformers: a real model (extra 'st'). "
+                   "numpy: a BERT sentence model without torch (extra 'minilm').")
 @click.option("--model-kind", type=click.Choice(MODEL_KINDS), default="embedding",
               help="reranker serves /rerank and /predict and refuses to embed (424), like a TEI reranker.")
 @click.option("--pooling", type=click.Choice(POOLINGS), default="mean", help="splade turns on /embed_sparse.")

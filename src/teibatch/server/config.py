@@ -27,7 +27,7 @@ DEFAULT_BATCH_OVERHEAD_S = 0.002
 CHARS_PER_TOKEN_LIMIT = 250
 """TEI refuses (or cuts) inputs longer than ``max_input_length * 250`` characters before tokenizing."""
 
-BACKENDS = ("hashing", "sentence-transformers")
+BACKENDS = ("hashing", "sentence-transformers", "numpy")
 MODEL_KINDS = ("embedding", "reranker")
 POOLINGS = ("mean", "cls", "splade", "last_token")
 
@@ -85,7 +85,8 @@ class ServerConfig:
     body bytes), ``auto_truncate`` (what ``truncate: null`` means), ``api_key``.
 
     teibatch's own: ``backend`` (``hashing``: deterministic, no download; ``sentence-transformers``:
-    a real model, extra ``st``), ``model_kind`` (``embedding`` or ``reranker``), ``pooling``
+    a real model, extra ``st``; ``numpy``: a BERT sentence model without torch, extra ``minilm``),
+    ``model_kind`` (``embedding`` or ``reranker``), ``pooling``
     (``splade`` turns on ``/embed_sparse``), ``simulate_gpu`` (tokens/s of a pretend GPU; ``None``
     answers as fast as the CPU computes), ``batch_overhead_s`` (fixed time per simulated batch),
     ``record_texts`` (keep a digest multiset of embedded texts for ``/teibatch/stats``), ``faults``.

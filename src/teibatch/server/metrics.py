@@ -93,6 +93,9 @@ class Metrics:
         self.max_inputs_per_request = 0
         self.max_body_bytes = 0
         self.max_inflight_inputs = 0
+        self.busy_seconds = 0.0
+        self.first_batch_started: float | None = None
+        self.last_batch_finished: float | None = None
         self.texts: Counter[str] = Counter()
         for kind in VIOLATION_KINDS:
             self.inc("teibatch_violation_total", kind=kind, by=0)
@@ -123,6 +126,13 @@ class Metrics:
         """Count one injected fault."""
         self.faults[kind] += 1
         self.inc("teibatch_fault_injected", kind=kind)
+
+    def model_busy(self, started: float, finished: float) -> None:
+        """The model computed one batch from ``started`` to ``finished`` (``time.perf_counter`` seconds)."""
+        self.busy_seconds += finished - started
+        if self.first_batch_started is None:
+            self.first_batch_started = started
+        self.last_batch_finished = finished
 
     def embedded(self, items: list[Any], tokens: int) -> None:
         """Count inputs that were answered with vectors; digest them when recording."""
@@ -169,6 +179,9 @@ class Metrics:
             "max_inflight_inputs": self.max_inflight_inputs,
             "max_inputs_per_request": self.max_inputs_per_request,
             "max_body_bytes": self.max_body_bytes,
+            "model_busy_seconds": round(self.busy_seconds, 6),
+            "serving_span_seconds": round(self.last_batch_finished - self.first_batch_started, 6)
+            if self.first_batch_started is not None and self.last_batch_finished is not None else 0.0,
             "violations": dict(self.violations),
             "faults": dict(self.faults),
         }

@@ -11,7 +11,7 @@ import fsspec
 import orjson
 from fsspec.implementations.local import LocalFileSystem
 
-from teibatch.errors import SinkError
+from teibatch.errors import OutputUnwritable, SinkError
 
 TEMP_MARK = ".tmp-"
 
@@ -88,6 +88,18 @@ class OutputStore:
         except FileNotFoundError:
             return []
         return sorted(str(entry).rstrip("/").rpartition("/")[2] for entry in entries)
+
+    def check_writable(self) -> None:
+        """Write and remove a small probe file: an output that cannot be written is found before any work."""
+        probe = f"{TEMP_MARK}probe-{uuid.uuid4().hex[:12]}"
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            with self.fs.open(self.path(probe), "wb") as handle:
+                handle.write(b"teibatch write probe\n")
+            self.fs.rm(self.path(probe))
+        except (OSError, PermissionError) as exc:
+            raise OutputUnwritable(f"cannot write to the output {self.url}: {exc}; check output.path and its "
+                            "permissions (or credentials) before running again") from exc
 
     def remove(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,13 @@
 Every httpx error and every non-200 answer is mapped here, once, to a
 :class:`~teibatch.errors.TeiError` subclass (``raise ... from exc``); code elsewhere branches on
 those types and their fields, never on message text. TEI's fixed error texts (CONTRACT.md §4) are
-read only in :func:`error_from_response`.
+read only in :func:`error_from_response`. A 200 is trusted no more than the rest: a body that is not
+the route's JSON, and vectors of the wrong count, dimension, value or norm, are
+:class:`~teibatch.errors.ServerFault` (:mod:`teibatch.tei.checks`).
+
+Every request has one deadline for all of it (connect, send, wait, read): a server that never
+answers, or trickles its answer a byte at a time, is given up after the request's timeout and the
+connection is closed, not returned to the pool.
 
 The API key goes in ``Authorization: Bearer`` (TEI compares it byte for byte) and nowhere else:
 not in a message, a ``repr`` or a log line.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import anyio
 import httpx
 import numpy as np
 import orjson
@@ -21,6 +28,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import (
     InputTooLong,
     PayloadTooLarge,
+    ServerFault,
     TeiAuthError,
     TeiError,
     TeiOverloaded,
@@ -29,6 +37,7 @@ from teibatch.errors import (
     TooManyInputs,
     WrongModelKind,
 )
+from teibatch.tei.checks import FAULT_BAD_BODY, check_vectors
 from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
 from teibatch.tei.info import ServerInfo
 
@@ -64,16 +73,22 @@ class EmbedRequest:
 class TeiClient:
     """Talks to one TEI server through an injected ``httpx.AsyncClient``; knows nothing of Ray or files.
 
-    ``timeout`` is the base time allowed for any request; embed requests get more in proportion to
-    their estimated tokens (:meth:`timeout_for`). ``model`` and ``api_key_env`` only make messages
-    better: a 401 names the variable that holds the key, a 424 names the model.
+    ``timeout`` is the base time allowed for any request, from connecting to the last byte of the
+    answer; embed requests get more in proportion to their estimated tokens (:meth:`timeout_for`).
+    ``model`` and ``api_key_env`` only make messages better: a 401 names the variable that holds
+    the key, a 424 names the model. ``expected_dimension`` (``None``: any) and ``normalized``
+    (vectors must have L2 norm 1, as with ``normalize: true``) are what :meth:`embed` checks its
+    answers against, besides one finite vector per input.
     """
 
     def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient, *, timeout: float = DEFAULT_TIMEOUT_S,
-                 model: str | None = None, api_key_env: str | None = None) -> None:
+                 model: str | None = None, api_key_env: str | None = None,
+                 expected_dimension: int | None = None, normalized: bool = False) -> None:
         self.endpoint = endpoint
         self.model = model
         self.api_key_env = api_key_env
+        self.expected_dimension = expected_dimension
+        self.normalized = normalized
         self._http = http
         self._timeout = timeout
         self._auth = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
@@ -90,13 +105,19 @@ class TeiClient:
         return self._timeout + request.tokens / MIN_TOKENS_PER_S
 
     async def info(self, timeout: float | None = None) -> ServerInfo:
-        """``GET /info``, parsed; remembers the model name for later messages."""
+        """``GET /info``, parsed (bad limits replaced and logged, see :class:`ServerInfo`); remembers
+        the model name for later messages. A body that is not a JSON object is a ``"bad body"``
+        :class:`~teibatch.errors.ServerFault`."""
         response = await self._send("GET", "/info", timeout=timeout or self._timeout)
         try:
-            info = ServerInfo.from_json(orjson.loads(response.content))
+            data = orjson.loads(response.content)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            info = ServerInfo.from_json(data, server=self.url)
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            raise TeiUnavailable("answered /info with something that is not TEI's /info JSON",
-                                 server=self.url, status_code=response.status_code) from exc
+            raise ServerFault(f"answered /info with something that is not TEI's /info JSON ({exc}; "
+                              f"body starts {_body_start(response.content)})", server=self.url,
+                              kind=FAULT_BAD_BODY, status_code=response.status_code) from exc
         self.model = self.model or info.model_id
         return info
 
@@ -109,7 +130,11 @@ class TeiClient:
         return True
 
     async def embed(self, request: EmbedRequest) -> np.ndarray:
-        """Send one packed request; return its vectors (float32, one row per input, input order)."""
+        """Send one packed request; return its vectors (float32, one row per input, input order).
+
+        Only checked vectors come back: any other answer raises a :class:`~teibatch.errors.TeiError`,
+        a wrong 200 a :class:`~teibatch.errors.ServerFault` (:func:`~teibatch.tei.checks.check_vectors`).
+        """
         try:
             response = await self._send("POST", _PATHS[request.route], content=request.body,
                                         headers=_JSON_HEADERS, timeout=self.timeout_for(request))
@@ -118,22 +143,30 @@ class TeiClient:
         try:
             vectors = decode_vectors(request.route, response.content)
         except ValueError as exc:
-            raise TeiUnavailable(f"answered 200 with a body that is not embeddings ({exc})",
-                                 server=self.url, status_code=response.status_code) from exc
-        if vectors.shape[0] != request.count:
-            raise TeiUnavailable(f"answered {vectors.shape[0]} vectors for {request.count} inputs",
-                                 server=self.url, status_code=response.status_code)
-        return vectors
+            raise ServerFault(f"answered 200 to {_PATHS[request.route]} with a body that is not its JSON "
+                              f"({exc}; body starts {_body_start(response.content)})",
+                              server=self.url, kind=FAULT_BAD_BODY, status_code=response.status_code) from exc
+        return check_vectors(vectors, count=request.count, dimension=self.expected_dimension,
+                             normalized=self.normalized, server=self.url)
 
     async def _send(self, method: str, path: str, *, timeout: float, content: bytes | None = None,
                     headers: dict[str, str] | None = None) -> httpx.Response:
+        """The one boundary for httpx: send, read the whole answer within ``timeout`` seconds in all,
+        and map every failure and every non-200 answer to a :class:`~teibatch.errors.TeiError`.
+
+        httpx's own timeouts bound each step (connect, each read), so a server that trickles a
+        byte at a time would never hit them; the deadline around the whole request does. On
+        either, httpx closes the response and its connection (a half-read connection is never
+        reused), so nothing is left open in the pool.
+        """
         limits = httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT_S))
         try:
-            response = await self._http.request(method, self.url + path, content=content,
-                                                headers={**self._auth, **(headers or {})}, timeout=limits)
-        except httpx.TimeoutException as exc:
-            raise TeiUnavailable(f"no answer within {timeout:.1f}s ({type(exc).__name__})",
-                                 server=self.url) from exc
+            with anyio.fail_after(timeout):
+                response = await self._http.request(method, self.url + path, content=content,
+                                                    headers={**self._auth, **(headers or {})}, timeout=limits)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise TeiUnavailable(f"no complete answer within {timeout:.1f}s to {method} {path} (the whole request: "
+                                 f"connect, send, wait, read; {type(exc).__name__})", server=self.url) from exc
         except httpx.HTTPError as exc:
             raise TeiUnavailable(f"connection failed ({type(exc).__name__}: {exc})", server=self.url) from exc
         if response.status_code == 401:
@@ -209,6 +242,14 @@ def _error_text(content: bytes) -> tuple[str, str | None]:
         if "message" in data:
             return str(data["message"]), data.get("type")
     return content.decode("utf-8", "replace")[:500], None
+
+
+def _body_start(content: bytes, length: int = 60) -> str:
+    """The start of a body for a message: ``'<html><head>…'`` or ``'' (empty)``."""
+    if not content:
+        return "'' (empty)"
+    text = content[:length].decode("utf-8", "replace")
+    return repr(text + ("…" if len(content) > length else ""))
 
 
 def _seconds(value: str | None) -> float | None:

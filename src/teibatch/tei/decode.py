@@ -9,8 +9,11 @@ Decoding is the client's main CPU cost (``docs/client.md`` has the numbers):
   little-endian float32 bytes: ``orjson`` only scans strings, ``binascii`` decodes them, numpy views
   the bytes; about 3× cheaper than the ``/embed`` path.
 
-Anything that is not the expected shape raises :class:`ValueError`; the client maps it to
-:class:`~teibatch.errors.TeiUnavailable` (a proxy's HTML page, a cut body).
+Anything that is not the expected shape raises :class:`ValueError` (a proxy's HTML page, an empty
+or cut body, base64 that is not base64, rows of different lengths, missing or repeated ``index``);
+the client maps it, at its one boundary, to :class:`~teibatch.errors.ServerFault` ``"bad body"``.
+Whether the matrix is a right answer (count, dimension, finite, normalized) is
+:func:`teibatch.tei.checks.check_vectors`'s business.
 """
 
 from __future__ import annotations
@@ -34,26 +37,46 @@ def decode_vectors(route: str, content: bytes) -> np.ndarray:
 
 
 def decode_embed(content: bytes) -> np.ndarray:
-    """``[[f32, ...], ...]`` → a (rows, dim) float32 matrix."""
+    """``[[f32, ...], ...]`` → a (rows, dim) float32 matrix; ``[]`` → a (0, 0) one."""
     try:
         vectors = np.asarray(orjson.loads(content), dtype=np.float32)
     except (orjson.JSONDecodeError, TypeError) as exc:
         raise ValueError(f"not a JSON list of vectors: {exc}") from exc
+    if vectors.shape == (0,):
+        return np.zeros((0, 0), dtype=np.float32)
     if vectors.ndim != 2:
         raise ValueError(f"expected a list of vectors, got an array of shape {vectors.shape}")
     return vectors
 
 
 def decode_base64(content: bytes) -> np.ndarray:
-    """OpenAI's ``{"data": [{"embedding": "<base64>", "index": i}, ...]}`` → rows in ``index`` order."""
+    """OpenAI's ``{"data": [{"embedding": "<base64>", "index": i}, ...]}`` → rows in ``index`` order.
+
+    ``binascii`` skips characters outside the base64 alphabet, so each row's decoded length is
+    compared with what its text must give; rows of unequal length or indexes other than
+    ``0..n-1`` are refused rather than reshaped into wrong vectors.
+    """
     try:
         rows = orjson.loads(content)["data"]
         rows = sorted(rows, key=lambda row: row["index"])
-        raw = b"".join([binascii.a2b_base64(row["embedding"]) for row in rows])
+        texts = [row["embedding"] for row in rows]
+        chunks = [binascii.a2b_base64(text) for text in texts]
     except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error) as exc:
         raise ValueError(f"not an OpenAI base64 embeddings answer: {exc}") from exc
     if not rows:
         return np.zeros((0, 0), dtype=np.float32)
-    if len(raw) % (4 * len(rows)):
-        raise ValueError(f"{len(raw)} bytes do not split into {len(rows)} float32 vectors")
+    if [row["index"] for row in rows] != list(range(len(rows))):
+        raise ValueError(f"the {len(rows)} rows' indexes are not 0..{len(rows) - 1}")
+    size = len(chunks[0])
+    for text, chunk in zip(texts, chunks, strict=True):
+        if len(chunk) != size or len(chunk) != _base64_size(text):
+            raise ValueError("rows are not base64 of equal-length float32 vectors")
+    if size % 4:
+        raise ValueError(f"{size} bytes a row is not a whole number of float32 values")
+    raw = b"".join(chunks)
     return np.frombuffer(raw, dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
+
+
+def _base64_size(text: str) -> int:
+    """The bytes that padded base64 ``text`` decodes to when every character is in the alphabet."""
+    return len(text) // 4 * 3 - text.count("=", -2) if len(text) % 4 == 0 else -1

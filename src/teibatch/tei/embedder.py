@@ -17,8 +17,10 @@ answer                     what happens
                            with ``truncate: true`` and flagged when ``on_too_long: truncate``
 other 4xx                  bisected; the text alone is rejected (``request_refused``)
 5xx, 424 backend, no answer resent on another healthy server after a jittered, bounded wait;
-                           after ``max_retries`` the request is split, and a text that still
-                           fails alone is rejected (``embed_failed``)
+200 with a wrong answer    after ``max_retries`` the request is split, and a text that still
+(count, dimension, NaN...) fails alone ends as ``embed_failed`` — a *server* failure, never a
+                           final reject: the caller leaves the shard uncommitted (see
+                           :data:`~teibatch.tei.work.RETRYABLE_FAILURES`)
 401, 424 not embedding     raised at once: every other request would fail the same way
 ========================== ==================================================================
 """
@@ -36,6 +38,7 @@ import numpy as np
 from teibatch.errors import (
     InputTooLong,
     PayloadTooLarge,
+    ServerFault,
     TeiError,
     TeiOverloaded,
     TeiRequestError,
@@ -176,9 +179,10 @@ class _Run:
         try:
             try:
                 vectors = await server.client.embed(request)
-                if vectors.shape[1] != self.dimension:
-                    raise TeiUnavailable(f"answered {vectors.shape[1]}-dimension vectors, not {self.dimension}",
-                                         server=server.url, status_code=200)
+                if vectors.shape != (len(items), self.dimension):
+                    raise ServerFault(f"answered {vectors.shape[0]} vectors of dimension {vectors.shape[1]} for "
+                                      f"{len(items)} inputs, expected dimension {self.dimension}",
+                                      server=server.url, kind="wrong shape")
             except TeiError as exc:
                 self.pool.release(server, len(items))
                 released = True
@@ -226,7 +230,7 @@ class _Run:
         elif isinstance(exc, TeiRequestError):
             self._split_or_fail(items, truncating, FAILURE_REFUSED, exc)
         elif isinstance(exc, TeiUnavailable):
-            self.pool.failed(server)
+            self.pool.failed(server, exc)
             if attempts >= self.max_retries:
                 self._split_or_fail(items, truncating, FAILURE_EMBED, exc)
                 return

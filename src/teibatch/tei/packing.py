@@ -19,6 +19,7 @@ from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64
 from teibatch.tei.info import ServerInfo
 
 ROUTE_AUTO = "auto"
+PROBE_TEXT = "teibatch probe: is this server ready to embed?"
 ON_TOO_LONG_REJECT = "reject"
 ON_TOO_LONG_TRUNCATE = "truncate"
 
@@ -103,6 +104,10 @@ class RequestPacker:
         """The request carrying ``encoded`` inputs (``chars`` characters in all), in that order."""
         body = self._prefix + b",".join(encoded) + self._suffix
         return EmbedRequest(route=self.route, body=body, count=len(encoded), chars=chars)
+
+    def probe(self) -> EmbedRequest:
+        """A one-text request with this packer's options: asks a server whether it embeds correctly."""
+        return self.request([self.encode(PROBE_TEXT)], len(PROBE_TEXT))
 
     def truncating(self) -> RequestPacker:
         """A packer for resending refused texts with ``truncate: true`` (``/embed``: the only route with it)."""

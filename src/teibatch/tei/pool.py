@@ -1,11 +1,18 @@
 """A pool of TEI servers: in-flight budgets, adaptive windows, server choice, health and probing.
 
-Each :class:`Server` holds this client's share of one server (its :class:`ClientLimits`) and an
-AIMD :class:`~teibatch.tei.window.ConcurrencyWindow` below that share; inputs in flight to a server
-never exceed its window, so they never exceed the share. A server that fails ``down_after`` times
-in a row (no answer, 503, another 5xx) is taken out, probed on ``/health`` in the background and put
-back when it answers; with no server left for ``down_grace`` seconds, :meth:`EndpointPool.check_alive`
-raises :class:`~teibatch.errors.CapacityUnavailable` (the run stops; the same command resumes it).
+Each :class:`Server` holds the whole in-flight budget of one server (its :class:`ClientLimits`) and
+an AIMD :class:`~teibatch.tei.window.ConcurrencyWindow` below it; inputs in flight to a server never
+exceed its window, so they never exceed ``max_concurrent_requests``. One pool is meant to be the
+only sender to its servers for a whole run, shared by every concurrent :func:`embed_texts` call on
+its event loop (see ``pipeline/senders.py``): whoever is sending right now uses the whole budget.
+
+A server that fails ``down_after`` times in a row (no answer, 5xx, or a wrong answer such as another
+dimension or NaN values) is taken out and probed in the background: on ``/health``, then with a
+real checked embedding (a server that answers 502 pages or wrong vectors, or never answers an
+embedding, usually says 200 on ``/health`` all the same). It is put back when the probe passes;
+with no server left for ``down_grace`` seconds, :meth:`EndpointPool.check_alive` raises
+:class:`~teibatch.errors.CapacityUnavailable` naming each server's last fault (the run stops; the
+same command resumes it).
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from teibatch.errors import CapacityUnavailable
-from teibatch.tei.client import TeiClient
+from teibatch.errors import CapacityUnavailable, TeiError
+from teibatch.tei.client import EmbedRequest, TeiClient
 from teibatch.tei.info import ClientLimits
 from teibatch.tei.window import DEFAULT_LATENCY_FACTOR, ConcurrencyWindow
 
@@ -36,14 +43,29 @@ class ServerStats:
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     marked_down: int = 0
+    max_in_flight: int = 0
+    busy_seconds: float = 0.0
+    first_sent: float | None = None
+    last_answer: float | None = None
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
+    @property
+    def busy_share(self) -> float | None:
+        """Share of the time from the first request to the last answer with a request in flight."""
+        if self.first_sent is None or self.last_answer is None or self.last_answer <= self.first_sent:
+            return None
+        return min(1.0, self.busy_seconds / (self.last_answer - self.first_sent))
+
     def to_json(self) -> dict[str, object]:
+        share = self.busy_share
         return {"requests": self.requests, "inputs": self.inputs, "retries": self.retries,
                 "errors": dict(sorted(self.errors.items())), "seconds": round(self.seconds, 3),
-                "marked_down": self.marked_down}
+                "marked_down": self.marked_down, "max_in_flight": self.max_in_flight,
+                "mean_inputs_per_request": round(self.inputs / self.requests, 2) if self.requests else None,
+                "busy_seconds": round(self.busy_seconds, 3),
+                "busy_share": round(share, 4) if share is not None else None}
 
 
 class Server:
@@ -59,9 +81,11 @@ class Server:
         self.requests_in_flight = 0
         self.healthy = True
         self.failures = 0
+        self.last_error: TeiError | None = None
         self.payload_limit = limits.payload_limit
         self.batch_cap = limits.max_batch_size
         self.stats = ServerStats()
+        self._busy_since: float | None = None
 
     def __repr__(self) -> str:
         return f"Server({self.url!r}, in_flight={self.in_flight}, {self.window!r}, healthy={self.healthy})"
@@ -116,6 +140,8 @@ class EndpointPool:
         self.down_grace = down_grace
         self.down_after = max(1, down_after)
         self.listeners: list[Callable[[], None]] = []
+        # A one-text request with the run's options: how a server that answered wrongly is re-checked.
+        self.probe_request: EmbedRequest | None = None
         self._probes: set[asyncio.Task[None]] = set()
         self._all_down_since: float | None = None
         self._closed = False
@@ -154,12 +180,29 @@ class EndpointPool:
         return max(ready, key=lambda s: s.free) if ready else None
 
     def reserve(self, server: Server, count: int) -> None:
+        now = time.monotonic()
+        if server.requests_in_flight == 0:
+            server._busy_since = now
+        if server.stats.first_sent is None:
+            server.stats.first_sent = now
         server.in_flight += count
         server.requests_in_flight += 1
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight)
 
     def release(self, server: Server, count: int) -> None:
+        """``count`` inputs came back from ``server``: its room is free for every caller of the pool."""
+        now = time.monotonic()
         server.in_flight -= count
         server.requests_in_flight -= 1
+        server.stats.last_answer = now
+        if server.requests_in_flight == 0 and server._busy_since is not None:
+            server.stats.busy_seconds += now - server._busy_since
+            server._busy_since = None
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self.listeners):
+            listener()
 
     def succeeded(self, server: Server, count: int, *, sent_at: float, now: float) -> None:
         server.failures = 0
@@ -171,9 +214,10 @@ class EndpointPool:
     def overloaded(self, server: Server, *, sent_at: float, now: float) -> None:
         server.window.on_overload(sent_at=sent_at, now=now)
 
-    def failed(self, server: Server) -> None:
+    def failed(self, server: Server, error: TeiError) -> None:
         """A request to ``server`` got no useful answer; enough in a row take the server out."""
         server.failures += 1
+        server.last_error = error
         if server.failures >= self.down_after:
             self.mark_down(server)
 
@@ -196,21 +240,34 @@ class EndpointPool:
         if self._all_down_since is None:
             self._all_down_since = now
         elif now - self._all_down_since >= self.down_grace:
-            urls = ", ".join(s.url for s in self.servers)
+            faults = "; ".join(f"{s.url}: {_fault(s)}" for s in self.servers)
             raise CapacityUnavailable(
-                f"every TEI server stopped answering for {self.down_grace:.0f}s ({urls}); "
+                f"no TEI server gave a correct answer for {self.down_grace:.0f}s ({faults}); "
                 "the run stops here and the same command resumes it")
 
     async def _probe(self, server: Server) -> None:
         while not self._closed:
             await asyncio.sleep(self.probe_interval)
-            if await server.client.healthy():
+            if await self._passes_probe(server):
                 server.healthy = True
                 server.failures = 0
                 server.window.restart()
-                for listener in list(self.listeners):
-                    listener()
+                self._notify()
                 return
+
+    async def _passes_probe(self, server: Server) -> bool:
+        """``/health``, then a checked embedding: ``/health`` alone says nothing of ``/embed`` (a proxy's 502
+        pages, wrong vectors and hung requests all come with a healthy ``/health``)."""
+        if not await server.client.healthy():
+            return False
+        if self.probe_request is None:
+            return True
+        try:
+            await server.client.embed(self.probe_request)
+        except TeiError as exc:
+            server.last_error = exc
+            return False
+        return True
 
     async def close(self) -> None:
         self._closed = True
@@ -225,3 +282,7 @@ class EndpointPool:
             result[s.url] = {**s.stats.to_json(), "window": s.window.limit,
                              "window_decreases": s.window.decreases}
         return result
+
+
+def _fault(server: Server) -> str:
+    return str(server.last_error).removeprefix(f"{server.url}: ") if server.last_error else "no answer"

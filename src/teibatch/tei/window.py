@@ -1,8 +1,8 @@
 """Adaptive concurrency for one server: how many inputs this client keeps in flight there (AIMD).
 
-The window starts at the client's share of the server (``ceiling``, from
-:meth:`ClientLimits.share <teibatch.tei.info.ClientLimits.share>`), which already keeps every client
-of the run together under ``max_concurrent_requests``; it moves only below that:
+The window starts at the server's whole in-flight budget (``ceiling``: ``max_concurrent_requests``,
+or the job's lower override), which the one sender that owns the server for the run uses alone
+(``pipeline/senders.py``); it moves only below that:
 
 * **halve** on a 429 (someone else uses the server too, or it lies about its limit), and when
   latency grows: the recent latency (a fast moving average) passes ``latency_factor`` times the

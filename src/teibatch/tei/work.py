@@ -23,6 +23,9 @@ FAILURE_TOO_LONG = "input_too_long"
 FAILURE_PAYLOAD = "payload_too_large"
 FAILURE_REFUSED = "request_refused"
 FAILURE_EMBED = "embed_failed"
+# Failures caused by the servers, not by the text: the same text may succeed later, so they are
+# never final rejects (a shard holding one is not committed; the next run sends the text again).
+RETRYABLE_FAILURES = frozenset({FAILURE_EMBED})
 
 
 @dataclass(frozen=True)

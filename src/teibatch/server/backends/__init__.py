@@ -1,7 +1,8 @@
 """Embedding backends of the built-in server; :func:`load_backend` picks one by name.
 
 ``hashing`` (default) needs nothing beyond numpy; ``sentence-transformers`` needs the ``st`` extra
-(``pip install 'teibatch[st]'``) and is imported only when asked for.
+(``pip install 'teibatch[st]'``) and ``numpy`` (a BERT model computed with numpy, no torch) the
+``minilm`` extra; both are imported only when asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ def load_backend(config: ServerConfig) -> Backend:
         from teibatch.server.backends.sentence_transformers import SentenceTransformerBackend
 
         return SentenceTransformerBackend.load(config.model_id)
+    if config.backend == "numpy":
+        from teibatch.server.backends.numpy_bert import NumpyBertBackend
+
+        return NumpyBertBackend.load(config.model_id)
     return HashingEmbedder(config.dimension)
 
 

@@ -1,0 +1,196 @@
+"""Are the servers busy? teibatch against a tuned single-process loop, on the same simulated GPUs.
+
+Each scenario starts fresh built-in servers with ``--simulate-gpu RATE`` (a batch is answered after
+2 ms + tokens / RATE seconds; batches run one at a time, like a GPU), once for each contestant:
+
+* **teibatch** — the whole ``teibatch run`` (Ray, shard tasks, senders, Parquet) via ``run_job``;
+* **loop** — a single asyncio process with one httpx client and, per server, exactly
+  ``max_concurrent_requests`` inputs in flight in full batches: the tuned script a user would write.
+
+Printed per scenario: the servers' busy share (model-busy seconds over the span from their first
+batch to their last, read from each server's own ``/teibatch/stats``; the mean and the lowest),
+each contestant's time, the ratio, and what teibatch's report says per server (mean inputs per
+request, most inputs in flight seen). Targets: busy share >= 0.95, teibatch never slower than the loop.
+
+    .venv/bin/python benchmarks/bench_busy.py                  # every scenario
+    .venv/bin/python benchmarks/bench_busy.py --only tail --documents 5000
+
+Only 127.0.0.1 is used; every server is stopped at the end of its scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import ray
+import yaml
+from corpora import write_jsonl_corpus
+
+from teibatch.fleet import LocalProvider
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    servers: int = 3
+    batch: int = 32
+    inflight: int = 512
+    files: int = 8
+    shard_docs: int = 2_000
+    ray_cpus: int = 2
+    faults: tuple[str, ...] = ()
+    server_args: tuple[str, ...] = field(default=())
+
+    def args(self, rate: float) -> list[str]:
+        return ["--simulate-gpu", str(rate), "--max-client-batch-size", str(self.batch),
+                "--max-concurrent-requests", str(self.inflight), *self.faults]
+
+
+SCENARIOS = [
+    Scenario("tight-limits", "TEI limits --max-client-batch-size 8 --max-concurrent-requests 24; "
+             "3 shards, 2 task slots", batch=8, inflight=24, files=3, shard_docs=10_000),
+    Scenario("many-cpus", "TEI defaults (32 a request, 512 in flight); shard_docs 500; Ray declares 32 CPUs",
+             shard_docs=500, ray_cpus=32),
+    Scenario("tail", "one shard holds the whole corpus (the last shard of a run, alone)", files=1,
+             shard_docs=1_000_000),
+    Scenario("faults", "TEI defaults with injected faults: 2% 429, 1% 503, 1% dropped answers",
+             faults=("--fault-seed", "7", "--fault-rate-429", "0.02", "--fault-rate-503", "0.01",
+                     "--fault-rate-drop", "0.01")),
+]
+
+
+def server_stats(url: str) -> dict[str, object]:
+    return dict(httpx.get(f"{url}/teibatch/stats", timeout=10).json())
+
+
+def busy_shares(urls: list[str]) -> list[float]:
+    shares = []
+    for url in urls:
+        stats = server_stats(url)
+        span = float(stats["serving_span_seconds"])  # type: ignore[arg-type]
+        shares.append(float(stats["model_busy_seconds"]) / span if span > 0 else 0.0)  # type: ignore[arg-type]
+    return shares
+
+
+def read_texts(corpus: Path) -> list[str]:
+    return [orjson.loads(line)["text"] for path in sorted(corpus.glob("*.jsonl"))
+            for line in path.read_bytes().splitlines()]
+
+
+async def budget_loop(urls: list[str], api_key: str, texts: list[str], batch: int, inflight: int) -> int:
+    """The tuned alternative: per server, ``inflight // batch`` workers each sending one full batch at a time."""
+    work = deque(texts[i:i + batch] for i in range(0, len(texts), batch))
+    done = 0
+    workers_per_server = max(1, inflight // batch)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    limits = httpx.Limits(max_connections=len(urls) * workers_per_server + len(urls))
+    async with httpx.AsyncClient(limits=limits, headers=headers, timeout=60) as http:
+
+        async def worker(url: str) -> None:
+            nonlocal done
+            while work:
+                inputs = work.popleft()
+                try:
+                    response = await http.post(f"{url}/embed", json={"inputs": inputs})
+                    response.raise_for_status()
+                    done += len(response.json())
+                except (httpx.HTTPError, ValueError):
+                    work.append(inputs)  # 429, 503, a dropped answer: send it again later
+                    await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(worker(url) for url in urls for _ in range(workers_per_server)))
+    return done
+
+
+@dataclass
+class Result:
+    seconds: float
+    shares: list[float]
+    report: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+def run_teibatch(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Result:
+    provider = LocalProvider(scenario.servers, server_args=scenario.args(rate))
+    endpoints = provider.up()
+    try:
+        os.environ["BENCH_TEI_KEY"] = provider.api_key
+        job_path = tmp / f"{scenario.name}.yaml"
+        job_path.write_text(yaml.safe_dump({
+            "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": scenario.shard_docs},
+            "servers": {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "BENCH_TEI_KEY"},
+            "output": {"path": str(tmp / f"out-{scenario.name}")}}))
+        ray.init(address="local", num_cpus=scenario.ray_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        try:
+            summary = run_job(load_job(job_path))
+        finally:
+            ray.shutdown()
+        return Result(summary.timings["embed_s"], busy_shares([e.url for e in endpoints]), summary.servers)
+    finally:
+        provider.down()
+
+
+def run_loop(scenario: Scenario, rate: float, texts: list[str]) -> Result:
+    provider = LocalProvider(scenario.servers, server_args=scenario.args(rate))
+    endpoints = provider.up()
+    try:
+        started = time.monotonic()
+        done = asyncio.run(budget_loop([e.url for e in endpoints], provider.api_key, texts, scenario.batch,
+                                       scenario.inflight))
+        seconds = time.monotonic() - started
+        assert done == len(texts), f"the loop embedded {done} of {len(texts)}"
+        return Result(seconds, busy_shares([e.url for e in endpoints]))
+    finally:
+        provider.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=25_000, help="tokens/s of each simulated GPU")
+    parser.add_argument("--documents", type=int, default=20_000)
+    parser.add_argument("--words", type=int, default=60)
+    parser.add_argument("--only", action="append", choices=[s.name for s in SCENARIOS])
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    rows = []
+    for scenario in SCENARIOS:
+        if args.only and scenario.name not in args.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix="teibatch-bench-busy-") as tmp_name:
+            tmp = Path(tmp_name)
+            corpus = tmp / "corpus"
+            write_jsonl_corpus(corpus, args.documents, args.words, files=scenario.files)
+            ours = run_teibatch(scenario, args.rate, corpus, tmp)
+            theirs = run_loop(scenario, args.rate, read_texts(corpus))
+        rows.append((scenario, ours, theirs))
+        print(f"\n## {scenario.name}: {scenario.description}")
+        print(f"  {'':10} {'time s':>8} {'busy mean':>10} {'busy min':>9}")
+        for label, result in (("teibatch", ours), ("loop", theirs)):
+            print(f"  {label:10} {result.seconds:8.2f} {sum(result.shares) / len(result.shares):10.3f} "
+                  f"{min(result.shares):9.3f}")
+        print(f"  teibatch time / loop time: {ours.seconds / theirs.seconds:.2f}")
+        for url, stats in sorted(ours.report.items()):
+            print(f"  {url}: {stats['requests']} requests, {stats['mean_inputs_per_request']} inputs/request, "
+                  f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}")
+    print("\n| scenario | teibatch s | loop s | ratio | busy share teibatch (min) | busy share loop (min) |")
+    print("|---|---|---|---|---|---|")
+    for scenario, ours, theirs in rows:
+        print(f"| {scenario.name} | {ours.seconds:.2f} | {theirs.seconds:.2f} | {ours.seconds / theirs.seconds:.2f} | "
+              f"{sum(ours.shares) / len(ours.shares):.3f} ({min(ours.shares):.3f}) | "
+              f"{sum(theirs.shares) / len(theirs.shares):.3f} ({min(theirs.shares):.3f}) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Provider ``lambda``: GPU VMs rented from Lambda Cloud's API, then served exactly like ``ssh`` hosts.
+
+Lambda Cloud API v1 (``docs-api.lambda.ai/api/cloud``), the calls used:
+
+* ``GET /instance-types``: every instance type, its ``price_cents_per_hour`` and the
+  ``regions_with_capacity_available``; single-GPU types become :class:`~teibatch.fleet.offers.Offer`\\ s
+* ``POST /instance-operations/launch`` with ``region_name``, ``instance_type_name``, ``ssh_key_names``,
+  ``quantity: 1`` and ``name`` (``teibatch-<run id>-<n>``): answers ``{"data": {"instance_ids": [...]}}``
+* ``GET /instances/{id}``: ``status`` booting → active (``ip`` set), or unhealthy, terminating, terminated
+* ``GET /instances``: the account's running instances (found again by name)
+* ``POST /instance-operations/terminate`` with ``instance_ids``
+
+The key is ``$LAMBDA_API_KEY`` or ``api_key = …`` in ``~/.lambda_cloud/lambda_keys`` (the file
+SkyPilot and Lambda's guides use). ``$TEIBATCH_LAMBDA_API_URL`` replaces the API's address (tests, proxies).
+
+Once a VM is active it is a host of the ``ssh`` path (:class:`~teibatch.fleet.hosted.ContainerProvider`):
+probe → image for its card → ``docker run`` on its loopback with the per-run key and the host-side
+deadline → SSH tunnel → ``/health``; its volume is exported over SSH; destroying it terminates the VM.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from teibatch.endpoint import Endpoint
+from teibatch.errors import CapacityUnavailable, FleetError, HostKeyRejected, HostUnreachable, TeardownIncomplete
+from teibatch.fleet.base import InstanceState, LaunchSpec
+from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
+from teibatch.fleet.hosted import ContainerProvider, HostPlan, _Slot
+from teibatch.fleet.ledger import Ledger, state_dir
+from teibatch.fleet.offers import GpuWant, Offer, choose_offers
+from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
+from teibatch.fleet.shell import SshShell, SshTarget
+
+log = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "https://cloud.lambdalabs.com/api/v1"
+API_URL_ENV = "TEIBATCH_LAMBDA_API_URL"
+API_KEY_ENV = "LAMBDA_API_KEY"
+API_KEY_FILE = Path("~/.lambda_cloud/lambda_keys")
+DEFAULT_MAX_REPLACEMENTS = 2
+SSH_RETRY_S = 2.0
+_CAPACITY_CODES = ("insufficient-capacity", "quota-exceeded")
+_STATES = {"booting": CloudState.PENDING, "active": CloudState.READY, "unhealthy": CloudState.FAILED,
+           "terminating": CloudState.GONE, "terminated": CloudState.GONE, "preempted": CloudState.GONE}
+
+
+def _classify(status: int, body: Any) -> type[FleetError]:
+    code = str((body.get("error") or {}).get("code", "")) if isinstance(body, Mapping) else ""
+    return CapacityUnavailable if any(c in code for c in _CAPACITY_CODES) else FleetError
+
+
+def _vram_gb(text: str) -> int:
+    match = re.search(r"(\d+)\s*GB", text)
+    return int(match.group(1)) if match else 0
+
+
+class LambdaApi(CloudApi):
+    """Lambda Cloud's API, as much of it as renting needs."""
+
+    name = "lambda"
+
+    def __init__(self, api_key: str | None = None, *, base_url: str | None = None,
+                 timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
+        key = api_key or read_api_key("Lambda Cloud", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
+        self.billing = billing_rules()["lambda"]
+        self._client = ApiClient("lambda", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key,
+                                 classify=_classify, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"LambdaApi({self._client.base_url!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def offers(self) -> list[Offer]:
+        data = self._client.call("GET", "/instance-types", what="list instance types")["data"]
+        offers = []
+        for entry in data.values():
+            kind = entry["instance_type"]
+            if int(kind.get("specs", {}).get("gpus", 1)) != 1:
+                continue  # one TEI server per card: single-GPU instance types only
+            gpu = kind.get("gpu_description") or kind.get("description", "")
+            for region in entry.get("regions_with_capacity_available", []):
+                offers.append(Offer(cloud="lambda", key=kind["name"], gpu=gpu, vram_gb=_vram_gb(gpu),
+                                    price_per_hour=int(kind["price_cents_per_hour"]) / 100, region=region["name"]))
+        return offers
+
+    def launch(self, name: str, offer: Offer, ssh_key_name: str) -> str:
+        body = {"region_name": offer.region, "instance_type_name": offer.key, "ssh_key_names": [ssh_key_name],
+                "quantity": 1, "name": name}
+        data = self._client.call("POST", "/instance-operations/launch", what=f"launch {offer.label}", json=body)
+        return str(data["data"]["instance_ids"][0])
+
+    @staticmethod
+    def _instance(data: Mapping[str, Any]) -> CloudInstance:
+        status = str(data.get("status", ""))
+        price = (data.get("instance_type") or {}).get("price_cents_per_hour")
+        return CloudInstance(id=str(data["id"]), name=str(data.get("name") or ""),
+                             state=_STATES.get(status, CloudState.UNKNOWN), status=status, address=data.get("ip"),
+                             price_per_hour=int(price) / 100 if price is not None else None)
+
+    def get(self, instance_id: str) -> CloudInstance | None:
+        data = self._client.call("GET", f"/instances/{instance_id}", what="get instance", missing_ok=True)
+        return self._instance(data["data"]) if data else None
+
+    def list(self, prefix: str = "teibatch-") -> list[CloudInstance]:
+        data = self._client.call("GET", "/instances", what="list instances")["data"]
+        return [self._instance(i) for i in data if str(i.get("name") or "").startswith(prefix)]
+
+    def terminate(self, instance_id: str) -> None:
+        self._client.call("POST", "/instance-operations/terminate", what=f"terminate {instance_id}",
+                          json={"instance_ids": [instance_id]}, missing_ok=True)
+
+
+@dataclass(frozen=True)
+class SshLogin:
+    """How teibatch logs in to a rented VM (Lambda's images: ``ubuntu``, port 22, the key registered as
+    ``ssh_key_name``); ``key_file`` is a path OpenSSH reads, never read by teibatch."""
+
+    user: str = "ubuntu"
+    port: int = 22
+    key_file: str | None = None
+
+    def target(self, address: str, known_hosts: Path) -> SshTarget:
+        # A freshly rented VM has a host key nobody knows yet: accept it into this run's own known_hosts.
+        return SshTarget(address=address, port=self.port, user=self.user,
+                         key_file=str(Path(self.key_file).expanduser()) if self.key_file else None,
+                         known_hosts=str(known_hosts), host_key_checking="accept-new")
+
+
+class LambdaProvider(ContainerProvider):
+    """``count`` single-GPU VMs from Lambda Cloud, each serving TEI like an ``ssh`` host.
+
+    A VM that is not active, not reachable or not healthy within ``startup_timeout`` is terminated and
+    replaced, at most ``max_replacements`` times in all; then the run goes on with fewer servers, or
+    stops with :class:`CapacityUnavailable` naming why when none is healthy.
+    """
+
+    def __init__(self, api: LambdaApi, *, count: int, want: GpuWant, ssh_key_name: str, login: SshLogin,
+                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS, ledger: Ledger | None = None,
+                 **options: Any) -> None:
+        super().__init__([], name="lambda", gpu=True, ledger=ledger, **options)
+        self.api = api
+        self.count = count
+        self.want = want
+        self.ssh_key_name = ssh_key_name
+        self.login = login
+        self.max_replacements = max_replacements
+        self._rental: Rental | None = None
+
+    def __repr__(self) -> str:
+        return f"LambdaProvider(count={self.count}, run_id={self.run_id!r})"
+
+    # -- up ------------------------------------------------------------------------------------------------
+
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
+        spec = spec or LaunchSpec(run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
+        if self._rental is not None:
+            if self.run_id == spec.run_id:
+                return self._endpoints()
+            raise FleetError(f"this lambda provider already serves run {self.run_id}")
+        self.run_id = spec.run_id
+        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=spec.export_to,
+                          config={"kind": "lambda", "gpu": True, "remove_volume": self.remove_volume,
+                                  "model_id": self.model_id, "image": self.image, "ssh": asdict(self.login)})
+        self._rental = rental = Rental(self.api, self.ledger, spec.run_id)
+        choice = choose_offers(self.api.offers(), self.want, self.model_id, image=self.image)
+        if not choice.usable:
+            raise CapacityUnavailable(f"lambda: no instance type this job can rent now: {choice.why_none()}")
+        reasons = rental.fill(self.count, choice.usable, self._create,
+                              lambda item: self._serve(item, spec, item.started + self.startup_timeout),
+                              startup_timeout=self.startup_timeout, max_replacements=self.max_replacements)
+        endpoints = self._endpoints()
+        if not endpoints:
+            raise CapacityUnavailable(f"lambda: no server became healthy: {'; '.join(reasons)}")
+        if len(endpoints) < self.count:
+            log.warning("lambda: going on with %d of %d servers: %s", len(endpoints), self.count, "; ".join(reasons))
+        return endpoints
+
+    def _create(self, name: str, offer: Offer) -> str:
+        return self.api.launch(name, offer, self.ssh_key_name)
+
+    def _serve(self, item: Rented, spec: LaunchSpec, deadline: float) -> bool:
+        """Make an active VM serve TEI through the ``ssh`` path; give it back when it cannot."""
+        seen = item.seen
+        if seen is None or seen.state is not CloudState.READY or not seen.address:
+            status = seen.status if seen else "unknown"
+            item.error = f"not active within servers.startup_timeout ({self.startup_timeout:.0f}s; status {status})"
+            self._give_back(item)
+            return False
+        known_hosts = state_dir() / "known_hosts" / f"{self.run_id}"
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        shell = SshShell(self.login.target(seen.address, known_hosts))
+        shell.secrets.append(self.api_key)
+        slot = _Slot(item.name, HostPlan(shell))
+        self._slots.append(slot)
+        self._note(slot, None, required=True, host=shell.label, shell=shell.record())
+        self._attempt(slot, lambda: self._wait_ssh(slot, deadline))
+        if slot.state is not InstanceState.FAILED:
+            self._attempt(slot, lambda: self._launch(slot, spec, deadline))
+        if slot.state is InstanceState.RUNNING:
+            self._attempt(slot, lambda: self._reach(slot, deadline))
+        if slot.state is InstanceState.HEALTHY:
+            return True
+        item.error = slot.details.get("error", slot.state.value)
+        if slot.tunnel is not None:
+            slot.tunnel.close()
+            slot.tunnel = None
+        self._give_back(item)
+        slot.state = InstanceState.DESTROYED
+        return False
+
+    def _wait_ssh(self, slot: _Slot, deadline: float) -> None:
+        """Wait until the VM takes an SSH login (sshd starts a little after the API says active)."""
+        while True:
+            try:
+                slot.plan.shell.run("true", what="ssh login", timeout=max(1.0, min(20.0, deadline - time.monotonic())))
+                return
+            except HostKeyRejected:
+                raise
+            except (HostUnreachable, FleetError):
+                if time.monotonic() + SSH_RETRY_S >= deadline:
+                    raise
+                time.sleep(SSH_RETRY_S)
+
+    def _give_back(self, item: Rented) -> None:
+        """Terminate a VM that will not serve (its volume holds nothing the run needs)."""
+        assert self._rental is not None
+        try:
+            self._rental.terminate(item)
+        except FleetError as exc:
+            log.error("%s: %s (teardown tries again)", item.name, exc)
+            self._rental.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
+            return
+        self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
+
+    # -- down, destroy -------------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        if self._rental is not None:
+            for slot in self._slots:  # a VM already gone has no container left to remove
+                item = self._rental.rented.get(slot.name)
+                if item is None or item.id is None or slot.state is InstanceState.DESTROYED:
+                    continue
+                try:
+                    seen = self.api.get(item.id)
+                except FleetError:
+                    continue
+                if seen is None or seen.state is CloudState.GONE:
+                    item.terminated = True
+                    self._note(slot, InstanceState.DESTROYED)
+        super().down()
+
+    def _destroys_host(self, slot: _Slot) -> bool:
+        return True
+
+    def _destroy_host(self, slot: _Slot) -> None:
+        assert self._rental is not None
+        item = self._rental.rented.setdefault(slot.name, Rented(slot.name))
+        self._rental.terminate(item)
+
+    def destroy(self, *, waive_export: bool = False) -> list[str]:
+        problems = []
+        if self._rental is not None:
+            served = {slot.name for slot in self._slots if slot.state is not InstanceState.DESTROYED}
+            try:
+                for found in self._rental.leftovers():  # also VMs whose create call never answered
+                    if found.name not in served:
+                        item = self._rental.rented.setdefault(found.name, Rented(found.name))
+                        item.id, item.terminated = found.id, False
+            except FleetError as exc:
+                problems.append(f"could not list the run's instances: {exc}")
+            for item in self._rental.rented.values():
+                if item.name in served or item.terminated:
+                    continue
+                try:
+                    self._rental.terminate(item)
+                except FleetError as exc:
+                    problems.append(f"{item.name}: {exc}")
+                    self._rental.note(item.name, InstanceState.UNKNOWN, error=str(exc))
+                    continue
+                self._rental.note(item.name, InstanceState.DESTROYED)
+        try:
+            kept = super().destroy(waive_export=waive_export)
+        except FleetError as exc:
+            problems.append(str(exc))
+            kept = []
+        if problems:
+            raise TeardownIncomplete(f"run {self.run_id}: lambda instances may still run: {'; '.join(problems)}; "
+                                     "`teibatch fleet sweep` retries")
+        return kept
+
+    @classmethod
+    def restore(cls, record: Mapping[str, Any], ledger: Ledger, api: LambdaApi) -> LambdaProvider:
+        """The provider of a recorded run (for ``teibatch fleet sweep``): its VMs and containers as recorded."""
+        config = record.get("config", {})
+        provider = cls(api, count=0, want=GpuWant(), ssh_key_name="", login=SshLogin(**config.get("ssh", {})),
+                       remove_volume=bool(config.get("remove_volume", False)), ledger=ledger)
+        provider._restore(record)
+        provider._rental = rental = Rental(api, ledger, provider.run_id or "")
+        for name, entry in record.get("instances", {}).items():
+            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
+                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+        return provider

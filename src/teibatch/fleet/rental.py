@@ -1,0 +1,260 @@
+"""Renting cloud instances for one run, so that nothing rented is ever forgotten.
+
+What providers ``lambda`` and ``runpod`` share. Every instance is named ``teibatch-<run id>-<n>``
+(the name is the cloud-side label), and its ledger entry is written **before** the create call, so:
+
+* a create call that times out is followed by a look-up by name: an instance that was made is adopted;
+* :meth:`Rental.leftovers` finds every instance of the run by its name prefix, also those whose
+  create call never answered, for teardown and ``teibatch fleet sweep``;
+* an offer that has no capacity (or is gone) moves on to the next offer;
+* every wait has a deadline; a terminate that finds nothing counts as done.
+
+The cloud-specific part is a :class:`CloudApi`: a small client over the cloud's own API.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from teibatch.errors import CapacityUnavailable, FleetError, FleetTimeout, TeardownIncomplete
+from teibatch.fleet.base import InstanceState
+from teibatch.fleet.catalog import BillingRule
+from teibatch.fleet.hosted import container_name
+from teibatch.fleet.ledger import Ledger
+from teibatch.fleet.offers import Offer
+
+log = logging.getLogger(__name__)
+
+POLL_S = 2.0
+TERMINATE_TIMEOUT_S = 120.0
+NAME_PREFIX = "teibatch-"
+
+
+class CloudState(str, Enum):
+    """Where a cloud instance stands, mapped from the cloud's own status words."""
+
+    PENDING = "pending"    # being made or booting
+    READY = "ready"        # running and reachable (an address, its port mapped)
+    FAILED = "failed"      # the cloud says it is broken; still to be terminated
+    GONE = "gone"          # terminated or terminating: costs nothing any more
+    UNKNOWN = "unknown"    # a status word not known here: treated as still running
+
+
+@dataclass(frozen=True)
+class CloudInstance:
+    """One instance as the cloud's API last showed it; holds no secret."""
+
+    id: str
+    name: str
+    state: CloudState
+    status: str = ""                               # the cloud's own word, for messages
+    address: str | None = None                     # public IP
+    ports: Mapping[int, int] = field(default_factory=dict)   # private port → public port
+    price_per_hour: float | None = None
+
+
+class CloudApi(ABC):
+    """The calls a rental needs from a cloud; each cloud module implements it over its own API."""
+
+    name: str
+    billing: BillingRule
+
+    @abstractmethod
+    def offers(self) -> list[Offer]:
+        """Every card the cloud would rent now, with its current price (one offer per region where it matters)."""
+
+    @abstractmethod
+    def get(self, instance_id: str) -> CloudInstance | None:
+        """The instance, or ``None`` when the cloud no longer knows it."""
+
+    @abstractmethod
+    def list(self, prefix: str = NAME_PREFIX) -> list[CloudInstance]:
+        """The account's instances whose name starts with ``prefix``, terminated ones left out."""
+
+    @abstractmethod
+    def terminate(self, instance_id: str) -> None:
+        """Give the instance back; an instance the cloud no longer knows counts as terminated."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the HTTP client."""
+
+
+@dataclass
+class Rented:
+    """An instance of this run: its name (always), its cloud id (once known), the offer it came from."""
+
+    name: str
+    offer: Offer | None = None
+    id: str | None = None
+    seen: CloudInstance | None = None
+    terminated: bool = False
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class Rental:
+    """The instances one run rents from one cloud, each recorded in the ledger before it is asked for."""
+
+    def __init__(self, api: CloudApi, ledger: Ledger, run_id: str, *, poll_s: float | None = None) -> None:
+        self.api = api
+        self.ledger = ledger
+        self.run_id = run_id
+        self.poll_s = POLL_S if poll_s is None else poll_s
+        self.rented: dict[str, Rented] = {}
+
+    @property
+    def prefix(self) -> str:
+        return f"{NAME_PREFIX}{self.run_id}-"
+
+    def note(self, name: str, state: InstanceState | None, **fields: Any) -> None:
+        self.ledger.update(self.run_id, name, state, **fields)
+
+    def rent(self, name: str, offers: tuple[Offer, ...], create: Callable[[str, Offer], str]) -> Rented | None:
+        """Create ``name`` from the first offer that has capacity; ``None`` when none had (``error`` says why).
+
+        The ledger holds the name before each create call; a create call that timed out is followed by a
+        look-up by name, and an instance found is adopted.
+        """
+        item = self.rented.setdefault(name, Rented(name))
+        self.note(name, InstanceState.REQUESTED, cloud=self.api.name, host=None)  # raises: nothing is created
+        reasons = []
+        for offer in offers:
+            self.note(name, None, offer=offer.label, gpu=offer.gpu, price_per_hour=offer.price_per_hour,
+                      create_sent=True)
+            item.offer, item.started = offer, time.monotonic()
+            try:
+                item.id = create(name, offer)
+            except CapacityUnavailable as exc:
+                reasons.append(f"{offer.label}: {exc}")
+                log.info("%s: %s; trying the next offer", name, exc)
+                continue
+            except FleetTimeout as exc:
+                found = self.find(name)
+                if found is None:
+                    reasons.append(f"{offer.label}: {exc}")
+                    log.warning("%s: %s and no instance of that name exists (yet); trying the next offer; "
+                                "teardown looks for it again by name", name, exc)
+                    continue
+                item.id = found.id
+                log.warning("%s: the create call timed out but the instance was made: adopted", name)
+            self.note(name, None, cloud_id=item.id)
+            return item
+        item.error = "; ".join(reasons) or "no offer"
+        self.note(name, InstanceState.FAILED, error=item.error)
+        return None
+
+    def fill(self, count: int, offers: tuple[Offer, ...], create: Callable[[str, Offer], str],
+             serve: Callable[[Rented], bool], *, startup_timeout: float, max_replacements: int,
+             noun: str = "instance") -> list[str]:
+        """Rent until ``count`` instances serve: each batch is created, waited for, then ``serve``d.
+
+        An instance that never serves (``serve`` gave it back) is replaced, at most ``max_replacements``
+        times in all; no capacity on any offer stops renting. Returns why fewer than ``count`` serve.
+        """
+        healthy, failures, index, reasons = 0, 0, 0, list[str]()
+        while healthy < count:
+            batch = []
+            for _ in range(count - healthy):
+                name = container_name(self.run_id, index)
+                index += 1
+                item = self.rent(name, offers, create)
+                if item is None:
+                    reasons.append(f"no capacity: {self.rented[name].error}")
+                    break
+                batch.append(item)
+            if not batch:
+                break
+            # each instance has startup_timeout from its own create call
+            self.wait_ready(batch, max(item.started for item in batch) + startup_timeout)
+            for item in batch:
+                if serve(item):
+                    healthy += 1
+                else:
+                    failures += 1
+                    reasons.append(f"{item.name}: {item.error}")
+            if healthy < count and failures > max_replacements:
+                reasons.append(f"{failures} {noun}(s) never became healthy (servers.max_replacements: "
+                               f"{max_replacements})")
+                break
+        return reasons
+
+    def find(self, name: str) -> CloudInstance | None:
+        """The live instance named ``name``, looked up by name (``None``: there is none, or the API failed)."""
+        try:
+            return next((i for i in self.api.list(name) if i.name == name and i.state is not CloudState.GONE), None)
+        except FleetError as exc:
+            log.warning("%s: could not list instances: %s", name, exc)
+            return None
+
+    def wait_ready(self, items: list[Rented], deadline: float) -> None:
+        """Poll until every item is READY (``item.seen``), failed, or ``deadline`` (monotonic) passes."""
+        waiting = [i for i in items if i.id is not None]
+        while waiting:
+            for item in list(waiting):
+                assert item.id is not None
+                try:
+                    item.seen = self.api.get(item.id)
+                except FleetError as exc:
+                    log.warning("%s: status unknown: %s", item.name, exc)
+                    continue
+                state = item.seen.state if item.seen else CloudState.GONE
+                if state in (CloudState.READY, CloudState.FAILED, CloudState.GONE):
+                    waiting.remove(item)
+            if not waiting or time.monotonic() >= deadline:
+                return
+            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+
+    def terminate(self, item: Rented, *, timeout: float = TERMINATE_TIMEOUT_S) -> None:
+        """Terminate ``item`` (found by name when its id was never learnt) and wait until the cloud says so."""
+        if item.terminated:
+            return
+        if item.id is None:
+            found = self.find(item.name)
+            if found is None:  # never made (or the API is down: leftovers() and fleet sweep look again)
+                item.terminated = True
+                return
+            item.id = found.id
+            self.note(item.name, None, cloud_id=item.id)
+        deadline = time.monotonic() + timeout
+        self.api.terminate(item.id)
+        while True:
+            seen = self.api.get(item.id)
+            if seen is None or seen.state is CloudState.GONE:
+                item.terminated = True
+                return
+            if time.monotonic() >= deadline:
+                status = seen.status or seen.state.value
+                raise TeardownIncomplete(f"{self.api.name}: {item.name} ({item.id}) still {status} "
+                                         f"{timeout:.0f}s after terminate; `teibatch fleet sweep` retries")
+            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+
+    def leftovers(self) -> list[CloudInstance]:
+        """Every live instance of this run in the cloud, found by name (also those no call ever answered for)."""
+        return [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
+
+    def terminate_all(self, *, timeout: float = TERMINATE_TIMEOUT_S) -> list[str]:
+        """Terminate every instance of the run (known ones, and any the cloud lists by name); return problems."""
+        problems = []
+        try:
+            for found in self.leftovers():
+                item = self.rented.setdefault(found.name, Rented(found.name))
+                if item.id is None or item.terminated:
+                    item.id, item.terminated = found.id, False
+        except FleetError as exc:
+            problems.append(f"could not list the run's instances: {exc}")
+        for item in self.rented.values():
+            try:
+                self.terminate(item, timeout=timeout)
+            except FleetError as exc:
+                problems.append(f"{item.name}: {exc}")
+                self.note(item.name, InstanceState.UNKNOWN, error=str(exc))
+                continue
+            self.note(item.name, InstanceState.DESTROYED)
+        return problems

@@ -1,0 +1,281 @@
+"""Senders: the few long-lived processes that talk to the TEI servers for a whole run.
+
+Why they exist: a server's ``max_concurrent_requests`` is one budget, counted in inputs across
+every client. Split up front between shard tasks, each slice sits idle while its task reads,
+hashes or writes Parquet, and slices smaller than a batch shrink every request. So every server
+is owned by exactly one sender for the whole run, which holds its *whole* budget and one adaptive
+window (``tei/pool.py``); shard tasks stream their texts to the senders in chunks and get the
+vectors back through Ray's object store. Whatever is sending right now uses the whole budget, the
+last shard of a run included, and a task that is reading or writing holds none of it.
+
+* How many senders: one per ``SERVERS_PER_SENDER`` servers (servers, not CPUs, size them); each
+  is an asyncio actor with ``num_cpus=0`` placed on the driver's node (where SSH tunnels end).
+* What a chunk is: ``CHUNK_BATCHES`` full requests' worth of texts, so sharing never shrinks a
+  request: only the last chunk of a shard may end in a smaller one.
+* Inside a sender, chunks run first come first served; enough of them at once to fill every
+  server's window, and no more, so a chunk's requests go out together and it comes back soon.
+* A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
+  chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
+  leaves nothing counted anywhere: in-flight counts live only inside the sender that sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from teibatch.crashpoints import crashpoint, task_environment
+from teibatch.errors import CapacityUnavailable, TeibatchError
+from teibatch.pipeline.context import ServerPlan
+from teibatch.tei import EmbedOptions, EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
+from teibatch.tei.work import Failure
+
+SERVERS_PER_SENDER = 4
+CHUNK_BATCHES = 8
+MAX_SENDER_RESTARTS = 5
+MAX_CHUNK_RESENDS = 3
+# How long a shard task waits for one chunk before it asks again whether its sender still lives.
+WAIT_SLICE_S = 5.0
+
+
+@dataclass(frozen=True)
+class SenderPlan:
+    """What one sender needs: its servers (with their whole limits) and how to talk to them."""
+
+    servers: tuple[ServerPlan, ...]
+    route: str
+    embed: EmbedOptions
+    dimension: int
+    model_id: str | None = None
+    api_key_env: str | None = None
+    request_timeout: float = 60.0
+    max_retries: int = 6
+
+    @property
+    def budget(self) -> int:
+        """Inputs this sender may keep in flight over all its servers."""
+        return sum(p.limits.max_inflight_inputs for p in self.servers)
+
+    @property
+    def chunk_size(self) -> int:
+        """Texts in one chunk: ``CHUNK_BATCHES`` full requests to the largest batch among its servers."""
+        return CHUNK_BATCHES * max(p.limits.max_batch_size for p in self.servers)
+
+
+def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int,
+                 model_id: str | None, api_key_env: str | None, request_timeout: float,
+                 max_retries: int) -> list[SenderPlan]:
+    """Split ``servers`` between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
+    count = max(1, math.ceil(len(servers) / SERVERS_PER_SENDER))
+    return [SenderPlan(tuple(servers[i::count]), route, embed, dimension, model_id, api_key_env,
+                       request_timeout, max_retries) for i in range(count)]
+
+
+class SenderCore:
+    """One sender's work, on its own event loop: a pool of its servers shared by every chunk.
+
+    Plain Python so that it can be tested without Ray; :class:`SenderActor` hosts it in Ray.
+    """
+
+    def __init__(self, plan: SenderPlan) -> None:
+        self.plan = plan
+        self._pool: EndpointPool | None = None
+        self._packer: RequestPacker | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._admission: asyncio.Semaphore | None = None
+        self._reported: dict[str, tuple[int, int]] = {}
+        self.chunks = 0
+
+    def _start(self) -> tuple[EndpointPool, RequestPacker, asyncio.Semaphore]:
+        if self._pool is None or self._packer is None or self._admission is None:
+            plan = self.plan
+            connections = sum(p.limits.max_inflight_inputs // p.limits.max_batch_size + 2 for p in plan.servers)
+            self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=connections,
+                                                               max_keepalive_connections=connections))
+            servers = [Server(TeiClient(p.endpoint, self._http, timeout=plan.request_timeout, model=plan.model_id,
+                                        api_key_env=plan.api_key_env, expected_dimension=plan.dimension,
+                                        normalized=plan.embed.normalize), p.limits)
+                       for p in plan.servers]
+            self._pool = EndpointPool(servers)
+            self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
+                                         payload_limit=self._pool.payload_limit)
+            self._pool.probe_request = self._packer.probe()
+            # Enough chunks at once to fill every window, plus one that is starting while another ends.
+            self._admission = asyncio.Semaphore(max(2, math.ceil(plan.budget / plan.chunk_size) + 1))
+        return self._pool, self._packer, self._admission
+
+    async def embed(self, texts: list[str]) -> EmbedResult:
+        """Vectors (or a failure) for every text, sent over this sender's servers."""
+        pool, packer, admission = self._start()
+        async with admission:
+            self.chunks += 1
+            crashpoint("sender-chunk")
+            return await embed_texts(pool, packer, texts, dimension=self.plan.dimension,
+                                     max_retries=self.plan.max_retries)
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        """Per server: requests, inputs, retries, errors, max in flight, busy share (see ``ServerStats``)."""
+        return self._pool.stats() if self._pool is not None else {}
+
+    def news(self) -> list[str]:
+        """Lines about faults since the last call: failed requests per server and servers taken out."""
+        if self._pool is None:
+            return []
+        lines = []
+        for server in self._pool.servers:
+            errors = sum(server.stats.errors.values())
+            seen_errors, seen_down = self._reported.get(server.url, (0, 0))
+            if errors > seen_errors and server.last_error is not None:
+                fault = str(server.last_error).removeprefix(f"{server.url}: ")
+                action = "taken out, probing it" if not server.healthy else "retrying elsewhere"
+                lines.append(f"{server.url}: {errors - seen_errors} failed request(s) ({fault}); {action}")
+            elif server.stats.marked_down > seen_down and server.healthy:
+                lines.append(f"{server.url}: answering correctly again, back in rotation")
+            self._reported[server.url] = (errors, server.stats.marked_down)
+        return lines
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+        if self._http is not None:
+            await self._http.aclose()
+
+
+class SenderActor:
+    """The Ray actor around a :class:`SenderCore` (async methods: chunks run concurrently)."""
+
+    def __init__(self, plan: SenderPlan) -> None:
+        self.core = SenderCore(plan)
+
+    async def embed(self, texts: list[str]) -> EmbedResult:
+        return await self.core.embed(texts)
+
+    async def stats(self) -> dict[str, dict[str, object]]:
+        return self.core.stats()
+
+    async def news(self) -> list[str]:
+        return self.core.news()
+
+    async def close(self) -> None:
+        await self.core.close()
+
+
+@dataclass(frozen=True)
+class SenderRef:
+    """A sender as shard tasks see it: the actor handle and the shape of its work."""
+
+    actor: Any  # ray.actor.ActorHandle of SenderActor
+    budget: int
+    chunk_size: int
+
+
+def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
+    """One actor per plan, on this (the driver's) node when it can, restarted by Ray when it dies."""
+    here = ray.get_runtime_context().get_node_id()
+    options: dict[str, object] = {
+        "num_cpus": 0, "max_restarts": MAX_SENDER_RESTARTS, "max_task_retries": 0, "max_concurrency": 1000,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=here, soft=True)}
+    if crash_settings := task_environment():
+        options["runtime_env"] = {"env_vars": crash_settings}
+    actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
+    return [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
+
+
+def stop_senders(senders: Sequence[SenderRef], timeout: float = 10.0) -> dict[str, dict[str, object]]:
+    """Per-server stats from every sender, then the senders killed (a dead one reports nothing)."""
+    stats: dict[str, dict[str, object]] = {}
+    refs: list[ray.ObjectRef[Any]] = [s.actor.stats.remote() for s in senders]
+    for ref in refs:
+        try:
+            stats.update(ray.get(ref, timeout=timeout))
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
+    for sender in senders:
+        ray.kill(sender.actor, no_restart=True)
+    return stats
+
+
+def sender_news(senders: Sequence[SenderRef], timeout: float = 2.0) -> list[str]:
+    """What the senders have to say about faults since last asked (nothing from a busy or dead one)."""
+    lines: list[str] = []
+    refs: list[ray.ObjectRef[Any]] = [s.actor.news.remote() for s in senders]
+    for ref in refs:
+        try:
+            lines += ray.get(ref, timeout=timeout)
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
+    return lines
+
+
+class SenderFailed(TeibatchError):
+    """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
+
+
+def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], dimension: int) -> EmbedResult:
+    """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
+
+    Each sender gets at most its budget plus one chunk of this task's texts at a time, so that this
+    task alone can keep every server full while the others read or write; new chunks go to the sender
+    with the fewest of this task's inputs outstanding, so a faster sender gets more. A sender whose
+    servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
+    """
+    chunk_size = min(s.chunk_size for s in senders)
+    todo = deque((start, min(start + chunk_size, len(texts))) for start in range(0, len(texts), chunk_size))
+    outstanding: dict[ray.ObjectRef, tuple[int, int, int]] = {}
+    load = [0] * len(senders)
+    alive = set(range(len(senders)))
+    resends: dict[int, int] = {}
+    parts: dict[int, EmbedResult] = {}
+    while todo or outstanding:
+        while todo:
+            ready = [i for i in alive if load[i] < senders[i].budget + senders[i].chunk_size]
+            if not ready:
+                break
+            index = min(ready, key=lambda i: load[i] / senders[i].budget)
+            start, end = todo.popleft()
+            outstanding[senders[index].actor.embed.remote(list(texts[start:end]))] = (start, end, index)
+            load[index] += end - start
+        done, _ = ray.wait(list(outstanding), num_returns=1, timeout=WAIT_SLICE_S)
+        for ref in done:
+            start, end, index = outstanding.pop(ref)
+            load[index] -= end - start
+            try:
+                result: EmbedResult = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, CapacityUnavailable) and len(alive) > 1:
+                    alive.discard(index)
+                    todo.appendleft((start, end))
+                    continue
+                raise (cause if isinstance(cause, BaseException) else exc) from None
+            except ray.exceptions.RayActorError as exc:
+                resends[start] = resends.get(start, 0) + 1
+                if resends[start] > MAX_CHUNK_RESENDS:
+                    raise SenderFailed(f"a sender died {MAX_CHUNK_RESENDS + 1} times while embedding texts "
+                                       f"{start}-{end} of this shard ({exc.__class__.__name__}); the same "
+                                       "command retries the shard") from None
+                todo.appendleft((start, end))
+                continue
+            parts[start] = result
+    return _merge(parts, len(texts), dimension)
+
+
+def _merge(parts: dict[int, EmbedResult], count: int, dimension: int) -> EmbedResult:
+    vectors = np.zeros((count, dimension), dtype=np.float32)
+    ok = np.zeros(count, dtype=bool)
+    truncated = np.zeros(count, dtype=bool)
+    failures: list[Failure] = []
+    for start, part in sorted(parts.items()):
+        end = start + len(part.ok)
+        vectors[start:end], ok[start:end], truncated[start:end] = part.vectors, part.ok, part.truncated
+        failures += [Failure(f.position + start, f.reason, f.detail) for f in part.failures]
+    return EmbedResult(vectors, ok, failures, truncated)

@@ -1,0 +1,42 @@
+"""Which cloud cards a job may rent: names, memory, price cap, regions, TEI images, model fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from teibatch.fleet.offers import GpuWant, Offer, choose_offers, names_match
+
+
+def offer(gpu: str, price: float, vram: int = 24, region: str | None = "r1", key: str | None = None) -> Offer:
+    return Offer(cloud="lambda", key=key or gpu, gpu=gpu, vram_gb=vram, price_per_hour=price, region=region)
+
+
+@pytest.mark.parametrize(("wanted", "gpu", "match"), [
+    pytest.param("A10", "A10 (24 GB PCIe)", True, id="a10"),
+    pytest.param("A10", "A100 (40 GB SXM4)", False, id="a10-is-not-a100"),
+    pytest.param("rtx 4090", "NVIDIA GeForce RTX 4090", True, id="case"),
+    pytest.param("4090", "NVIDIA GeForce RTX 4090", True, id="number"),
+])
+def test_names_match(wanted: str, gpu: str, match: bool) -> None:
+    assert names_match(wanted, gpu) is match
+
+
+def test_choose_offers_filters_and_orders() -> None:
+    offers = [offer("A100 (40 GB SXM4)", 1.29, 40), offer("A10 (24 GB PCIe)", 0.75, region="r2"),
+              offer("A10 (24 GB PCIe)", 0.75, region="r1"), offer("Tesla V100 (16 GB)", 0.50, 16),
+              offer("Mystery X1 (24 GB)", 0.10), offer("H100 (80 GB SXM5)", 2.49, 80)]
+    choice = choose_offers(offers, GpuWant(min_vram_gb=20, max_price=2.0, regions=("r1", "r2")),
+                           "BAAI/bge-small-en-v1.5")
+    assert [(o.gpu, o.region) for o in choice.usable] == [("A10 (24 GB PCIe)", "r1"), ("A10 (24 GB PCIe)", "r2"),
+                                                         ("A100 (40 GB SXM4)", "r1")]
+    reasons = {o.gpu: r for o, r in choice.refused}
+    assert reasons["Tesla V100 (16 GB)"] == "less than 20 GB of memory"
+    assert "unknown GPU family" in reasons["Mystery X1 (24 GB)"]
+    assert reasons["H100 (80 GB SXM5)"] == "over the price cap of $2.00/h"
+
+
+def test_v100_is_refused_and_big_models_need_memory() -> None:
+    choice = choose_offers([offer("Tesla V100 (32 GB)", 0.5, 32)], GpuWant(), None)
+    assert not choice.usable and "7.5" in choice.why_none()
+    small = choose_offers([offer("Tesla T4 (16 GB)", 0.40, 16)], GpuWant(), "Qwen/Qwen3-Embedding-8B")
+    assert not small.usable and "needs about" in small.why_none()

@@ -1,0 +1,196 @@
+"""Provider runpod against a fake RunPod whose pods are real ``teibatch serve --api-key`` processes.
+
+Every case ends with no pod alive in the fake and no pod process running; the full job also proves
+that neither the RunPod API key nor the run's TEI key appears in anything written.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from teibatch.cli_fleet import fleet
+from teibatch.errors import JobSpecError
+from teibatch.fleet import LaunchSpec, Ledger, running
+from teibatch.fleet.offers import GpuWant
+from teibatch.fleet.runpod import RunPodApi, RunPodProvider
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+from teibatch.pipeline.providers import provider_for
+from tests.fleet.conftest import RUNPOD_KEY
+from tests.fleet.fake_runpod import FakeRunPod
+from tests.fleet.test_lambda import _env, _first_commit
+from tests.fleet.test_run_ssh import corpus, files_under
+
+MODEL = "BAAI/bge-small-en-v1.5"
+WAIT_S = 90.0
+
+
+def write_job(tmp_path: Path, **sections: Any) -> Path:
+    spec = {"name": "runpod-job", "corpus": {"path": str(corpus(tmp_path)), "id_field": "id", "shard_docs": 10},
+            "model": {"id": MODEL},
+            "servers": {"provider": "runpod", "count": 2, "gpu": ["RTX 4090", "A6000"], "startup_timeout": 30,
+                        "network_volume_id": "vol-abc"},
+            "output": {"path": str(tmp_path / "out")}, **sections}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def provider(ledger: Ledger, **options: Any) -> RunPodProvider:
+    api = RunPodApi(timeout=options.pop("api_timeout", 5.0))
+    settings = {"count": 1, "want": GpuWant(names=("RTX 4090", "A6000")), "startup_timeout": 20.0, **options}
+    return RunPodProvider(api, model_id=MODEL, ledger=ledger, **settings)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ray_session")
+def test_full_job_rents_pods_embeds_and_terminates(fake_runpod: FakeRunPod, tmp_path: Path, ledger: Ledger,
+                                                   caplog: pytest.LogCaptureFixture,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level("DEBUG")
+    summary = run_job(load_job(write_job(tmp_path)))
+    assert summary.embedded == 40 and summary.status == "done"
+    assert fake_runpod.alive() == 0
+    assert len(fake_runpod.creates) == 2 and len(fake_runpod.terminates) == 2
+    create = fake_runpod.creates[0]
+    assert create["gpuTypeIds"] == ["NVIDIA GeForce RTX 4090"]  # the cheapest allowed card
+    assert create["imageName"] == "ghcr.io/huggingface/text-embeddings-inference:89-1.9"  # Ada Lovelace
+    assert create["ports"] == ["80/tcp"] and create["dockerEntrypoint"] == ["timeout"]
+    assert create["dockerStartCmd"][3:6] == ["text-embeddings-router", "--model-id", MODEL]
+    assert (create["networkVolumeId"], create["volumeMountPath"]) == ("vol-abc", "/data")  # the weights are kept
+    assert {c["name"] for c in fake_runpod.creates} == {f"teibatch-{summary.run_id}-{i}" for i in range(2)}
+    tei_key = create["env"]["API_KEY"]
+    assert len(tei_key) >= 32
+    assert {e.state.value for e in ledger.entries()} == {"destroyed"}
+    searched = files_under(tmp_path / "out", tmp_path / "state")
+    assert len(searched) > 5
+    for path in searched:
+        data = path.read_bytes()
+        assert RUNPOD_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
+    captured = capsys.readouterr()
+    for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
+        assert RUNPOD_KEY not in text and tei_key not in text
+
+
+@pytest.mark.timeout(60)
+def test_public_port_needs_the_run_key_and_no_capacity_moves_to_the_next_card(fake_runpod: FakeRunPod,
+                                                                                ledger: Ledger) -> None:
+    fake_runpod.no_capacity.add("NVIDIA GeForce RTX 4090")
+    fleet_ = provider(ledger)
+    with running(fleet_, LaunchSpec(run_id="cap")) as endpoints:
+        [endpoint] = endpoints
+        assert httpx.post(f"{endpoint.url}/embed", json={"inputs": "x"}, timeout=10).status_code == 401
+        answer = httpx.post(f"{endpoint.url}/embed", json={"inputs": "x"}, timeout=10,
+                            headers={"Authorization": f"Bearer {endpoint.api_key}"})
+        assert answer.status_code == 200
+    assert fake_runpod.create_attempts == ["NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000"]
+    assert fake_runpod.alive() == 0
+
+
+@pytest.mark.timeout(60)
+def test_pod_that_never_starts_is_terminated_and_replaced(fake_runpod: FakeRunPod, ledger: Ledger) -> None:
+    fake_runpod.stuck = 1
+    with running(provider(ledger, startup_timeout=6.0), LaunchSpec(run_id="stuck")) as endpoints:
+        assert len(endpoints) == 1
+        assert len(fake_runpod.creates) == 2 and len(fake_runpod.terminates) == 1
+    assert fake_runpod.alive() == 0
+    record = ledger.load("stuck")
+    assert record is not None and "not running" in record["instances"]["teibatch-stuck-0"]["error"]
+
+
+@pytest.mark.timeout(60)
+def test_create_timeout_after_the_pod_was_made_adopts_it(fake_runpod: FakeRunPod, ledger: Ledger) -> None:
+    fake_runpod.slow_creates, fake_runpod.create_delay_s = 1, 3.0
+    with running(provider(ledger, api_timeout=1.0), LaunchSpec(run_id="slow")) as endpoints:
+        assert len(endpoints) == 1
+    assert len(fake_runpod.creates) == 1
+    assert fake_runpod.alive() == 0
+
+
+def test_job_without_a_network_volume_must_waive_the_export(fake_runpod: FakeRunPod, tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    spec = yaml.safe_load(job.read_text())
+    del spec["servers"]["network_volume_id"]
+    job.write_text(yaml.safe_dump(spec))
+    with pytest.raises(JobSpecError, match=r"network_volume_id.*export\.waive"):
+        provider_for(load_job(job))
+    spec["export"] = {"waive": True}
+    job.write_text(yaml.safe_dump(spec))
+    assert isinstance(provider_for(load_job(job)), RunPodProvider)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM"),
+                                    pytest.param(signal.SIGINT, id="SIGINT")])
+def test_signal_mid_run_terminates_every_pod(fake_runpod: FakeRunPod, tmp_path: Path, signum: int) -> None:
+    job = write_job(tmp_path, limits={"max_shards_in_flight": 1})
+    spec = yaml.safe_load(job.read_text())
+    spec["servers"]["server_args"] = ["--simulate-gpu", "60", "--batch-overhead-s", "0.3"]
+    job.write_text(yaml.safe_dump(spec))
+    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", "--quiet", str(job)], cwd=tmp_path,
+                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not _first_commit(tmp_path / "out"):
+            assert driver.poll() is None, driver.stderr.read().decode()[-2000:] if driver.stderr else ""
+            assert time.monotonic() < deadline, "no shard committed in time"
+            time.sleep(0.2)
+        assert fake_runpod.alive() == 4  # two pods, two processes
+        driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=WAIT_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 1, stderr.decode()[-2000:]
+    assert b"interrupted" in stderr and RUNPOD_KEY.encode() not in stderr
+    assert fake_runpod.alive() == 0
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_then_fleet_sweep_terminates_the_pods(fake_runpod: FakeRunPod, tmp_path: Path,
+                                                      ledger: Ledger) -> None:
+    script = (
+        "import time\n"
+        "from teibatch.fleet import running, LaunchSpec\n"
+        "from teibatch.fleet.runpod import RunPodApi, RunPodProvider\n"
+        "from teibatch.fleet.offers import GpuWant\n"
+        "fleet = RunPodProvider(RunPodApi(), count=1, want=GpuWant(names=('RTX 4090',)),"
+        " model_id='BAAI/bge-small-en-v1.5', startup_timeout=30)\n"
+        "with running(fleet, LaunchSpec(run_id='killed')):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(120)\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert driver.stdout is not None
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and driver.stdout.readline().strip() != b"ready":
+            assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
+        driver.kill()
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert fake_runpod.alive() == 2  # the pod and its process outlive the driver
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
+    assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == \
+        {("ledger", "teibatch-killed-0"), ("cloud", "teibatch-killed-0")}
+    swept = runner.invoke(fleet, ["sweep"])
+    assert swept.exit_code == 0, swept.output
+    assert "killed: destroyed" in swept.output
+    assert fake_runpod.alive() == 0
+    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"

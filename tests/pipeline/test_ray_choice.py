@@ -1,0 +1,108 @@
+"""Ray is chosen, never stumbled into: a private local Ray by default, a clear error for one that cannot be joined."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from tests.conftest import write_jsonl
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plain_env() -> dict[str, str]:
+    """The environment of a user who set nothing about Ray (no address, no authentication mode)."""
+    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+
+
+@pytest.fixture
+def ambient_cluster(tmp_path: Path) -> Iterator[str]:
+    """A `ray start --head` someone left running, with no CPU: a run that joined it could never finish."""
+    port = free_port()
+    ray_cli = Path(sys.executable).parent / "ray"
+    env = {**plain_env(), "RAY_AUTH_MODE": "disabled"}
+    process = subprocess.Popen([str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=0",
+                                "--include-dashboard=false", "--disable-usage-stats"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the ambient Ray cluster did not start")
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()  # --block: ray start stops what it started when it is terminated
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def small_job(tmp_path: Path) -> tuple[Path, Path]:
+    write_jsonl(tmp_path / "c" / "docs.jsonl", [{"id": f"d{i}", "text": f"text {i}"} for i in range(30)])
+    out = tmp_path / "out"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"corpus": {"path": str(tmp_path / "c"), "id_field": "id"},
+                                   "servers": {"provider": "local", "count": 1}, "output": {"path": str(out)}}))
+    return job, out
+
+
+def teibatch(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "teibatch", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_plain_run_starts_its_own_ray_whatever_runs_on_the_machine(tmp_path: Path, ambient_cluster: str) -> None:
+    job, out = small_job(tmp_path)
+    done = teibatch("run", str(job), env=plain_env())
+    assert done.returncode == 0, done.stderr
+    assert sorted(ds.dataset(out / "vectors").to_table().column("id").to_pylist()) == sorted(
+        f"d{i}" for i in range(30))
+    # A normal run prints no Ray notice (token authentication, dashboards, usage statistics).
+    assert "Ray" not in done.stderr and "ray" not in done.stderr.replace("ray-address", ""), done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_ray_address_is_one_line_exit_1_and_a_failed_report(tmp_path: Path) -> None:
+    job, out = small_job(tmp_path)
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    done = teibatch("run", str(job), "--ray-address", address, env=plain_env(), timeout=100)
+    assert done.returncode == 1
+    assert time.monotonic() - started < 60
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: could not join the Ray cluster at"), done.stderr
+    assert "--ray-address" in lines[0] and "Traceback" not in done.stderr
+    (report,) = (out / "runs").iterdir()
+    assert orjson.loads(report.read_bytes())["status"] == "failed"
+
+
+@pytest.mark.timeout(300)
+def test_the_suite_ignores_ray_address_and_ambient_clusters(ambient_cluster: str) -> None:
+    # The suite's own Ray fixture and runs stay private even when the environment points elsewhere.
+    env = {**plain_env(), "RAY_ADDRESS": ambient_cluster}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/pipeline/test_run.py::test_local_run_writes_one_row_per_document"],
+                          env=env, capture_output=True, text=True, timeout=280, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout[-3000:]

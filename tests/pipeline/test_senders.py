@@ -1,0 +1,153 @@
+"""Senders own the servers: one live budget per server, shared by whoever sends, across nodes and deaths."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pyarrow.dataset as ds
+import pytest
+import ray
+import yaml
+
+from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
+from teibatch.endpoint import Endpoint
+from teibatch.pipeline.context import ServerPlan
+from teibatch.pipeline.senders import SERVERS_PER_SENDER, SenderCore, SenderPlan, plan_senders
+from teibatch.server.backends import HashingEmbedder
+from teibatch.server.testing import running_server
+from teibatch.tei import ClientLimits, EmbedOptions
+from tests.conftest import write_jsonl
+
+LIMITS = ("--max-client-batch-size", "4", "--max-concurrent-requests", "8", "--simulate-gpu", "20000")
+
+
+def stats(url: str) -> dict[str, object]:
+    return dict(httpx.get(f"{url}/teibatch/stats", timeout=10).json())
+
+
+def plan_for(urls: list[str], batch: int = 4, inflight: int = 8) -> SenderPlan:
+    limits = ClientLimits(max_batch_size=batch, max_inflight_inputs=inflight, payload_limit=2_000_000)
+    (plan,) = plan_senders([ServerPlan(Endpoint(u), limits) for u in urls], route="embed", embed=EmbedOptions(),
+                           dimension=384, model_id=None, api_key_env=None, request_timeout=30, max_retries=3)
+    return plan
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_chunks_share_one_budget_in_full_batches() -> None:
+    # Five "shard tasks" send at once: together they fill the server's 8 inputs, never more, and no
+    # request is shrunk below the batch size because others are sending too.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8, simulate_gpu=20_000) as url:
+        core = SenderCore(plan_for([url]))
+
+        async def send_all() -> list[np.ndarray]:
+            chunks = [[f"chunk {c} text {i}" for i in range(40)] for c in range(5)]
+            try:
+                results = await asyncio.gather(*(core.embed(chunk) for chunk in chunks))
+            finally:
+                await core.close()
+            assert all(r.ok.all() and not r.failures for r in results)
+            return [r.vectors for r in results]
+
+        vectors = asyncio.run(send_all())
+        server = stats(url)
+    assert server["max_inflight_inputs"] == 8
+    assert server["violations"] == {"batch_size": 0, "payload": 0, "inflight": 0, "input_length": 0}
+    assert server["requests"]["by_route"]["/embed"] == 50  # type: ignore[index]  # 200 texts / 4: all full
+    expected = HashingEmbedder(384).embed([f"chunk 2 text {i}" for i in range(40)])
+    np.testing.assert_allclose(vectors[2], expected, atol=1e-6)
+    report = core.stats()[url]
+    assert report["max_in_flight"] == 8 and report["mean_inputs_per_request"] == 4.0
+    assert 0 < report["busy_share"] <= 1  # type: ignore[operator]
+
+
+def test_senders_are_sized_by_servers() -> None:
+    limits = ClientLimits(max_batch_size=32, max_inflight_inputs=512, payload_limit=2_000_000)
+    servers = [ServerPlan(Endpoint(f"http://127.0.0.1:{9000 + i}"), limits) for i in range(2 * SERVERS_PER_SENDER + 1)]
+    plans = plan_senders(servers, route="embed", embed=EmbedOptions(), dimension=384, model_id=None,
+                         api_key_env=None, request_timeout=30, max_retries=3)
+    assert len(plans) == 3
+    assert sorted(p.endpoint.url for plan in plans for p in plan.servers) == sorted(s.endpoint.url for s in servers)
+    assert plans[0].budget == 512 * len(plans[0].servers)
+    assert plans[0].chunk_size == 8 * 32
+
+
+@pytest.fixture
+def two_node_cluster() -> Iterator[str]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes(timeout=60)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def static_job(tmp_path: Path, urls: list[str], **limits: object) -> Path:
+    for f in range(4):
+        write_jsonl(tmp_path / "c" / f"f{f}.jsonl",
+                    [{"id": f"{f}-{i}", "text": f"document {i} of file {f}"} for i in range(60)])
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "corpus": {"path": str(tmp_path / "c"), "id_field": "id", "shard_docs": 20},
+        "servers": {"provider": "static", "urls": urls}, "output": {"path": str(tmp_path / "out")},
+        "limits": {"max_shards_in_flight": 2, **limits}}))
+    return job
+
+
+def check_output(out: Path) -> dict[str, object]:
+    table = ds.dataset(out / "vectors").to_table()
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == sorted(f"{f}-{i}" for f in range(4) for i in range(60))
+    expected = HashingEmbedder(384).embed(["document 7 of file 2"])[0]
+    row = ids.index("2-7")
+    np.testing.assert_allclose(np.asarray(table.column("embedding")[row].as_py()), expected, atol=1e-6)
+    return dict(orjson.loads(next((out / "runs").iterdir()).read_bytes()))
+
+
+@pytest.mark.timeout(240)
+def test_budget_holds_across_nodes_while_both_send(tmp_path: Path, two_node_cluster: str) -> None:
+    with running_server(subprocess=True, max_client_batch_size=4, max_concurrent_requests=8,
+                        simulate_gpu=20_000) as url:
+        done = subprocess.run([sys.executable, "-m", "teibatch", "run", str(static_job(tmp_path, [url])), "-q",
+                               "--ray-address", two_node_cluster], env=os.environ.copy(), capture_output=True,
+                              text=True, timeout=200, check=False)
+        assert done.returncode == 0, done.stderr
+        server = stats(url)
+    report = check_output(tmp_path / "out")
+    assert len(report["shards_per_node"]) == 2, report["shards_per_node"]  # type: ignore[arg-type]
+    assert server["max_inflight_inputs"] == 8  # the whole budget was used ...
+    assert server["violations"]["inflight"] == 0  # type: ignore[index]  # ... and never more
+    assert server["max_inputs_per_request"] == 4
+    (seen,) = report["servers"].values()  # type: ignore[attr-defined]
+    assert seen["max_in_flight"] == 8 and seen["inputs"] == 240
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_sender_is_replaced_and_every_document_lands_once(tmp_path: Path, ray_session: None) -> None:
+    marker = tmp_path / "crashed"
+    address = ray.get_runtime_context().gcs_address
+    with running_server(subprocess=True, max_client_batch_size=4, max_concurrent_requests=8,
+                        simulate_gpu=20_000) as url:
+        env = {**os.environ, CRASH_AT: "sender-chunk:3", CRASH_ONCE: str(marker)}
+        done = subprocess.run([sys.executable, "-m", "teibatch", "run", str(static_job(tmp_path, [url])), "-q",
+                               "--ray-address", address], env=env, capture_output=True, text=True, timeout=200,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        server = stats(url)
+    assert marker.exists(), "the sender was killed on its third chunk"
+    report = check_output(tmp_path / "out")
+    # The replacement sender had the whole budget again: nothing of the dead one stayed counted.
+    (seen,) = report["servers"].values()  # type: ignore[attr-defined]
+    assert seen["max_in_flight"] == 8
+    assert server["inputs_embedded"] >= 240
