@@ -41,6 +41,9 @@ from teibatch.tei.work import Failure
 
 SERVERS_PER_SENDER = 4
 CHUNK_BATCHES = 8
+# A task keeps this many of a sender's budgets outstanding there (plus a chunk): enough queued in the
+# sender that a server never waits for a task to be scheduled, even on a busy machine.
+OUTSTANDING_BUDGETS = 2
 MAX_SENDER_RESTARTS = 5
 MAX_CHUNK_RESENDS = 3
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
@@ -109,8 +112,8 @@ class SenderCore:
             self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
                                          payload_limit=self._pool.payload_limit)
             self._pool.probe_request = self._packer.probe()
-            # Enough chunks at once to fill every window, plus one that is starting while another ends.
-            self._admission = asyncio.Semaphore(max(2, math.ceil(plan.budget / plan.chunk_size) + 1))
+            # Enough chunks at once to fill every window, plus two starting while others end.
+            self._admission = asyncio.Semaphore(math.ceil(plan.budget / plan.chunk_size) + 2)
         return self._pool, self._packer, self._admission
 
     async def embed(self, texts: list[str]) -> EmbedResult:
@@ -223,8 +226,8 @@ class SenderFailed(TeibatchError):
 def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], dimension: int) -> EmbedResult:
     """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
 
-    Each sender gets at most its budget plus one chunk of this task's texts at a time, so that this
-    task alone can keep every server full while the others read or write; new chunks go to the sender
+    Each sender gets at most twice its budget plus one chunk of this task's texts at a time, so that
+    this task alone can keep every server full while the others read or write; new chunks go to the sender
     with the fewest of this task's inputs outstanding, so a faster sender gets more. A sender whose
     servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
     """
@@ -237,7 +240,7 @@ def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], di
     parts: dict[int, EmbedResult] = {}
     while todo or outstanding:
         while todo:
-            ready = [i for i in alive if load[i] < senders[i].budget + senders[i].chunk_size]
+            ready = [i for i in alive if load[i] < OUTSTANDING_BUDGETS * senders[i].budget + senders[i].chunk_size]
             if not ready:
                 break
             index = min(ready, key=lambda i: load[i] / senders[i].budget)

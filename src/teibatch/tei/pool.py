@@ -45,18 +45,23 @@ class ServerStats:
     marked_down: int = 0
     max_in_flight: int = 0
     busy_seconds: float = 0.0
+    input_seconds: float = 0.0
     first_sent: float | None = None
     last_answer: float | None = None
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
+    def _span(self) -> float | None:
+        if self.first_sent is None or self.last_answer is None or self.last_answer <= self.first_sent:
+            return None
+        return self.last_answer - self.first_sent
+
     @property
     def busy_share(self) -> float | None:
         """Share of the time from the first request to the last answer with a request in flight."""
-        if self.first_sent is None or self.last_answer is None or self.last_answer <= self.first_sent:
-            return None
-        return min(1.0, self.busy_seconds / (self.last_answer - self.first_sent))
+        span = self._span()
+        return min(1.0, self.busy_seconds / span) if span else None
 
     def to_json(self) -> dict[str, object]:
         share = self.busy_share
@@ -65,6 +70,7 @@ class ServerStats:
                 "marked_down": self.marked_down, "max_in_flight": self.max_in_flight,
                 "mean_inputs_per_request": round(self.inputs / self.requests, 2) if self.requests else None,
                 "busy_seconds": round(self.busy_seconds, 3),
+                "mean_in_flight": round(self.input_seconds / span, 1) if (span := self._span()) else None,
                 "busy_share": round(share, 4) if share is not None else None}
 
 
@@ -86,6 +92,7 @@ class Server:
         self.batch_cap = limits.max_batch_size
         self.stats = ServerStats()
         self._busy_since: float | None = None
+        self._counted_at: float | None = None
 
     def __repr__(self) -> str:
         return f"Server({self.url!r}, in_flight={self.in_flight}, {self.window!r}, healthy={self.healthy})"
@@ -181,6 +188,7 @@ class EndpointPool:
 
     def reserve(self, server: Server, count: int) -> None:
         now = time.monotonic()
+        self._count_inputs(server, now)
         if server.requests_in_flight == 0:
             server._busy_since = now
         if server.stats.first_sent is None:
@@ -192,6 +200,7 @@ class EndpointPool:
     def release(self, server: Server, count: int) -> None:
         """``count`` inputs came back from ``server``: its room is free for every caller of the pool."""
         now = time.monotonic()
+        self._count_inputs(server, now)
         server.in_flight -= count
         server.requests_in_flight -= 1
         server.stats.last_answer = now
@@ -199,6 +208,13 @@ class EndpointPool:
             server.stats.busy_seconds += now - server._busy_since
             server._busy_since = None
         self._notify()
+
+    @staticmethod
+    def _count_inputs(server: Server, now: float) -> None:
+        """Add the inputs in flight since the last change, times its duration (for the mean in flight)."""
+        if server._counted_at is not None:
+            server.stats.input_seconds += server.in_flight * (now - server._counted_at)
+        server._counted_at = now
 
     def _notify(self) -> None:
         for listener in list(self.listeners):
