@@ -1,6 +1,6 @@
 """``python -m teibatch`` is the ``teibatch`` command."""
 
-from teibatch.cli import main
+from teibatch.entry import main
 
 if __name__ == "__main__":
     main()

@@ -255,3 +255,19 @@ def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: Non
     monkeypatch.setenv("TEIBATCH_RUNPOD_GRAPHQL_URL", fake.graphql_url)
     with fake:
         yield fake
+
+
+def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.0) -> None:
+    """Run a driver ``command`` until it prints ``ready``, then SIGKILL it (no cleanup of any kind)."""
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert driver.stdout is not None
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and driver.stdout.readline().strip() != b"ready":
+            assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
+        driver.kill()
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()

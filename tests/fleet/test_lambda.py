@@ -28,7 +28,7 @@ from teibatch.fleet.offers import GpuWant
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import LAMBDA_KEY, SshHostFixture
+from tests.fleet.conftest import LAMBDA_KEY, SshHostFixture, kill_when_ready
 from tests.fleet.fake_lambda import FakeLambda
 from tests.fleet.test_run_ssh import REPO, corpus, files_under
 
@@ -247,20 +247,8 @@ def test_sigkill_then_fleet_sweep_finds_and_destroys_everything(fake_lambda: Fak
         "    print('ready', flush=True)\n"
         "    time.sleep(120)\n")
     login = json.dumps({"user": host.user, "port": host.port, "key_file": str(host.key_file)})
-    driver = subprocess.Popen([sys.executable, "-c", script, login, str(tmp_path / "volume"),
-                               str(tmp_path / "exports")], env=_env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    try:
-        assert driver.stdout is not None
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and driver.stdout.readline().strip() != b"ready":
-            assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
-        driver.kill()
-        driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    kill_when_ready([sys.executable, "-c", script, login, str(tmp_path / "volume"), str(tmp_path / "exports")],
+                    _env(tmp_path))
     assert fake_lambda.alive() == 1 and host.standin.running() == 1  # the driver is gone, its rental is not
     # An instance the ledger never heard of (its create call "timed out"): found by name in the cloud.
     orphan = LambdaApi().launch("teibatch-killed-7", next(o for o in LambdaApi().offers() if o.key == "gpu_1x_a10"),

@@ -25,7 +25,7 @@ from teibatch.fleet import Ledger
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from tests.conftest import write_jsonl
-from tests.fleet.conftest import SshHostFixture
+from tests.fleet.conftest import SshHostFixture, kill_when_ready
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "BAAI/bge-small-en-v1.5"
@@ -165,19 +165,8 @@ def test_sigkill_then_fleet_sweep(host: SshHostFixture, tmp_path: Path, ledger: 
         "    time.sleep(120)\n")
     marker = tmp_path / "destroyed"
     spec = json.dumps(host.host(destroy_command=f"echo $TEIBATCH_INSTANCE >> {marker}"))
-    driver = subprocess.Popen([sys.executable, "-c", script, spec, str(tmp_path / "exports"), str(tmp_path / "volume")],
-                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert driver.stdout is not None
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and driver.stdout.readline().strip() != b"ready":
-            assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
-        driver.kill()
-        driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    kill_when_ready([sys.executable, "-c", script, spec, str(tmp_path / "exports"), str(tmp_path / "volume")],
+                    _env(tmp_path))
     assert host.standin.running() == 1  # the driver is gone, its server is not
     runner = CliRunner()
     listed = runner.invoke(fleet, ["list", "--json"])

@@ -27,7 +27,7 @@ from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import RUNPOD_KEY
+from tests.fleet.conftest import RUNPOD_KEY, kill_when_ready
 from tests.fleet.fake_runpod import FakeRunPod
 from tests.fleet.test_lambda import _env, _first_commit
 from tests.fleet.test_run_ssh import corpus, files_under
@@ -171,19 +171,7 @@ def test_sigkill_then_fleet_sweep_terminates_the_pods(fake_runpod: FakeRunPod, t
         "with running(fleet, LaunchSpec(run_id='killed')):\n"
         "    print('ready', flush=True)\n"
         "    time.sleep(120)\n")
-    driver = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    try:
-        assert driver.stdout is not None
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and driver.stdout.readline().strip() != b"ready":
-            assert driver.poll() is None, driver.stderr.read().decode() if driver.stderr else ""
-        driver.kill()
-        driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    kill_when_ready([sys.executable, "-c", script], _env(tmp_path))
     assert fake_runpod.alive() == 2  # the pod and its process outlive the driver
     runner = CliRunner()
     listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)

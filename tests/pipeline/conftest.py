@@ -41,3 +41,18 @@ def job_file(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def two_node_cluster() -> Iterator[str]:
+    """A Ray cluster of two nodes (one CPU each) on this machine; yields its address."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes(timeout=60)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()

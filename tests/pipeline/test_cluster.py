@@ -5,29 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pyarrow.dataset as ds
-import pytest
 import yaml
 
 from tests.conftest import write_jsonl
-
-
-@pytest.fixture
-def two_node_cluster() -> Iterator[str]:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes(timeout=60)
-    try:
-        yield cluster.address
-    finally:
-        cluster.shutdown()
 
 
 def test_shards_run_on_several_nodes_into_one_output(tmp_path: Path, two_node_cluster: str) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -77,20 +76,6 @@ def test_senders_are_sized_by_servers() -> None:
     assert sorted(p.endpoint.url for plan in plans for p in plan.servers) == sorted(s.endpoint.url for s in servers)
     assert plans[0].budget == 512 * len(plans[0].servers)
     assert plans[0].chunk_size == 8 * 32
-
-
-@pytest.fixture
-def two_node_cluster() -> Iterator[str]:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes(timeout=60)
-    try:
-        yield cluster.address
-    finally:
-        cluster.shutdown()
 
 
 def static_job(tmp_path: Path, urls: list[str], **limits: object) -> Path:

@@ -65,21 +65,26 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     probe_corpus(job.corpus_options())  # a corpus that does not fit the job stops here, before any server
     store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
     manifest = _open_manifest(store, job, reporter)
-    if job.limits.max_cost is not None:
-        check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
-    shards = plan_shards(job.corpus_options())
-    live = {s.id for s in shards}
-    pending = [s for s in shards if s.id not in manifest.shards]
-    manifest.planned = [s.id for s in shards]
-    summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
-    summary.timings["plan_s"] = time.monotonic() - started
-    crashpoint("plan")
-    remove_uncommitted_temp(store)
     manifest.runs.append(summary.run_id)
-    if summary.shards_skipped:
-        reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed")
+    shards: list[Shard] = []
+    live: set[str] = set()
     try:
+        # From here on a run is under way: whatever happens, even a Ctrl-C while planning, it ends
+        # with a report and with the manifest as it stands.
         with catch_interrupts() as interrupts:
+            if job.limits.max_cost is not None:
+                check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
+            shards = plan_shards(job.corpus_options())
+            live = {s.id for s in shards}
+            pending = [s for s in shards if s.id not in manifest.shards]
+            manifest.planned = [s.id for s in shards]
+            summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
+            summary.timings["plan_s"] = time.monotonic() - started
+            crashpoint("plan")
+            remove_uncommitted_temp(store)
+            if summary.shards_skipped:
+                reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed")
+            interrupts.check()
             if pending:
                 with ray_session(ray_address, summary.timings):
                     reinstall(interrupts)
@@ -101,7 +106,8 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
             reporter.stop()
             if summary.status == "done":
                 remove_stale(store, manifest, live)
-            manifest.save(store)
+            if manifest.planned:
+                manifest.save(store)
             summary.timings["total_s"] = time.monotonic() - started
             save_report(store, summary.run_id, summary.to_json())
     if summary.corpus_errors:
