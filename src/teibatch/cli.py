@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from teibatch import __version__
+from teibatch.entry import exit_interrupted
 from teibatch.errors import EXIT_INCOMPLETE, TeibatchError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,8 +30,7 @@ def _handle_errors(command: F) -> F:
             click.secho(f"error: {exc}", fg="red", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.secho("error: interrupted", fg="red", err=True)
-            sys.exit(EXIT_INCOMPLETE)
+            exit_interrupted()
 
     return wrapper  # type: ignore[return-value]
 

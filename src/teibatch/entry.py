@@ -6,6 +6,7 @@ imports load, Python would print a traceback and die of the signal instead.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -16,5 +17,16 @@ def main() -> None:
 
         cli()
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(1)
+        exit_interrupted()
+
+
+def exit_interrupted() -> None:
+    """Say so and exit 1 at once.
+
+    ``os._exit``: a library imported half-way (Ray's core among them) may have left its own SIGINT
+    handling behind, and the interpreter's shutdown would then end the process by the signal
+    (exit -2) instead of the code. A run's report and servers are already settled when this runs.
+    """
+    print("error: interrupted", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
