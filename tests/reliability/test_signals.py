@@ -134,7 +134,12 @@ def test_sigint_at_a_random_moment_then_the_same_command_finishes(tmp_path: Path
     for t in trials:
         out = tmp_path / f"run-{t.index:02d}" / "out"
         expected = {1: "interrupted", 0: "done"}.get(t.interrupted_code)
-        if expected is None:
+        if expected is None and t.interrupted_code < 0 and not t.left_output and "error:" not in t.interrupted_stderr:
+            # The signal landed while the Python interpreter itself was still starting, before any of
+            # teibatch's code ran (seen once in CI: SIGINT at 0.11 s, a C extension's import died of
+            # it): the process ends the way any program's does then, having written nothing.
+            pass
+        elif expected is None:
             problems.append(f"run {t.index} (SIGINT at {t.delay:.2f}s): exit {t.interrupted_code}, not 1: "
                             f"{t.interrupted_stderr.strip()[-600:]}")
         elif t.interrupted_status is None:
