@@ -6,6 +6,7 @@ imports load, Python would print a traceback and die of the signal instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,6 +19,23 @@ def main() -> None:
         cli()
     except KeyboardInterrupt:
         exit_interrupted()
+    except SystemExit as done:
+        if "ray" in sys.modules and (done.code is None or isinstance(done.code, int)):
+            exit_settled(done.code or 0)
+        raise
+
+
+def exit_settled(code: int) -> None:
+    """Exit with ``code`` now that the command has finished, skipping the interpreter's teardown.
+
+    A command that used Ray has shut Ray down, stopped its servers and written its report by the
+    time it returns; what is left is Python unloading Ray's modules and threads, about half a
+    second that a 100-document run would otherwise spend after its work is done.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def exit_interrupted() -> None:

@@ -47,7 +47,7 @@ def servers_of(driver: subprocess.Popen[str], deadline_s: float = 120) -> list[p
     while time.monotonic() < deadline and driver.poll() is None:
         children = psutil.Process(driver.pid).children(recursive=True)
         servers = [p for p in children if " serve " in command_line(p)]
-        if servers and any("_shard_task" in command_line(p) for p in children):
+        if servers and any("shard_task" in command_line(p) for p in children):
             return servers
         time.sleep(0.2)
     raise AssertionError("the run did not start its servers and a shard task in time")

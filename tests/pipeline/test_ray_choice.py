@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import psutil
 import pyarrow.dataset as ds
 import pytest
 import yaml
@@ -106,3 +108,40 @@ def test_the_suite_ignores_ray_address_and_ambient_clusters(ambient_cluster: str
                           env=env, capture_output=True, text=True, timeout=280, check=False,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_private_ray_starts_only_what_a_run_uses_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    job, out = small_job(tmp_path)
+    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", str(job)], env=plain_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 240
+    while driver.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(driver.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    seen.setdefault(child.pid, " ".join(child.cmdline()))
+        time.sleep(0.05)
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 0, stderr
+    commands = list(seen.values())
+    assert any("raylet" in c for c in commands) and any("gcs_server" in c for c in commands), commands
+    # The dashboard's API server, the autoscaler monitor and the log monitor serve nobody on a private Ray.
+    for idle in ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "_private/log_monitor.py"):
+        assert not any(idle in c for c in commands), (idle, commands)
+    timings = orjson.loads(next((out / "runs").iterdir()).read_bytes())["timings"]
+    assert timings["ray_start_s"] > 0 and 0 <= timings["ray_wait_s"] <= timings["ray_start_s"]
+    assert ds.dataset(out / "vectors").count_rows() == 30
+    # Everything the run started is gone once the command has returned.
+    settle = time.monotonic() + 30
+    while time.monotonic() < settle and any(psutil.pid_exists(pid) and _alive(pid) for pid in seen):
+        time.sleep(0.2)
+    assert not [seen[pid] for pid in seen if psutil.pid_exists(pid) and _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

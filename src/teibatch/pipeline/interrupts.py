@@ -50,9 +50,3 @@ def catch_interrupts() -> Iterator[Interrupts]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
-
-
-def reinstall(interrupts: Interrupts) -> None:
-    """Take SIGTERM back after a library (``ray.init``) replaced its handler."""
-    with suppress(ValueError):
-        signal.signal(signal.SIGTERM, interrupts.handle)

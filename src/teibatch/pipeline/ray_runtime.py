@@ -11,11 +11,13 @@ purpose; ``ray job submit`` sets ``RAY_ADDRESS`` for its entrypoint, which is th
 
 from __future__ import annotations
 
+import importlib
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import ray
 
@@ -24,41 +26,133 @@ from teibatch.errors import RayUnavailable
 REACH_TIMEOUT_S = 5.0
 
 
+class RayStart:
+    """A Ray starting in the background, so that its start-up overlaps the servers' start-up.
+
+    Starting a local Ray takes seconds (its processes boot one after the other), and so do the
+    servers; the run needs Ray only once the servers are up. :meth:`wait` is called before the
+    first Ray call and raises what the start raised. ``ray.init`` off the main thread leaves the
+    SIGTERM handler alone, which is what a run wants anyway.
+
+    The thread that starts Ray lives until Ray is shut down, and shuts it down itself: Ray ties its
+    processes' lives to the *thread* that spawned them (Linux's parent-death signal), so a thread
+    that ended after ``ray.init`` would take the local cluster down with it.
+    """
+
+    def __init__(self, address: str | None) -> None:
+        self.seconds = 0.0
+        self.waited_seconds = 0.0
+        self._address = address
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._release = threading.Event()
+        self._thread: threading.Thread | None = None
+        if ray.is_initialized():
+            self._ready.set()
+        else:
+            if address is not None:
+                _check_reachable(address)  # a wrong address is reported now, before any server starts
+            self._thread = threading.Thread(target=self._hold, name="teibatch-ray", daemon=True)
+            self._thread.start()
+
+    def _hold(self) -> None:
+        started = time.monotonic()
+        try:
+            _init(self._address)
+        except BaseException as exc:  # handed to the main thread by wait()
+            self._error = exc
+            return
+        finally:
+            self.seconds = time.monotonic() - started
+            self._ready.set()
+        self._release.wait()
+        ray.shutdown()
+
+    def wait(self) -> None:
+        """Block until Ray is up; raise :class:`RayUnavailable` if it could not start or be joined."""
+        started = time.monotonic()
+        self._ready.wait()
+        self.waited_seconds += time.monotonic() - started
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Shut down the Ray this started, once its start has finished (a half-started Ray cannot be stopped)."""
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 @contextmanager
-def ray_session(address: str | None, timings: dict[str, float] | None = None) -> Iterator[None]:
+def ray_session(address: str | None, timings: dict[str, float] | None = None) -> Iterator[RayStart]:
     """Ray for the length of the block: the one already initialised, ``address``, or a private local one.
 
-    ``ray.init`` installs its own SIGTERM handler: callers that handle SIGTERM take it back after entering.
+    Ray starts in the background as the block begins; call ``wait()`` on what this yields before
+    the first Ray call. Leaving the block shuts down a Ray that it started.
     """
-    if ray.is_initialized():
-        yield
-        return
-    started = time.monotonic()
-    _init(address)
-    if timings is not None:
-        timings["ray_start_s"] = time.monotonic() - started
+    start = RayStart(address)
     try:
-        yield
+        yield start
     finally:
-        ray.shutdown()
+        start.close()
+        if timings is not None and start.seconds:
+            timings["ray_start_s"] = start.seconds
+            timings["ray_wait_s"] = start.waited_seconds
 
 
 def _init(address: str | None) -> None:
     target = "local" if address is None else address
-    if address is not None:
-        _check_reachable(address)
     quiet = [logging.getLogger(name) for name in ("ray", "ray._private.authentication.authentication_token_setup")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.ERROR)
     try:
-        ray.init(address=target, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 configure_logging=False)
+        with _without_idle_services() if address is None else nullcontext():
+            ray.init(address=target, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                     configure_logging=False)
     except Exception as exc:  # ray raises RuntimeError, ConnectionError, ValueError... for the same thing
         raise RayUnavailable(_explain(address, exc)) from exc
     finally:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
+
+
+# The Ray head's Python services a private, single-run Ray has no use for: the dashboard's API
+# server (nothing else may reach this Ray, and ``include_dashboard=False`` still starts it for usage
+# statistics), the autoscaler's monitor (nothing to scale) and the log monitor (``log_to_driver=False``:
+# the driver reads no worker logs). Each is a Python process importing Ray — together about 4 s of
+# CPU and 1.5 s of the start on a 2-core machine, for a run that may take 8 s in all.
+IDLE_SERVICES = ("start_api_server", "start_monitor", "start_log_monitor")
+
+
+@contextmanager
+def _without_idle_services() -> Iterator[None]:
+    """While a private Ray starts, its head skips :data:`IDLE_SERVICES`.
+
+    Ray has no public switch for them (``ray start`` has hidden ones for two), so the head node's
+    methods that start them are swapped for no-ops for the length of ``ray.init`` — only where all
+    three exist as expected; any other Ray starts in full. The tests start a run this way and check
+    that these processes are absent and the run's vectors complete.
+    """
+    try:
+        node_class = getattr(importlib.import_module("ray._private.node"), "Node", None)
+    except ImportError:
+        node_class = None
+    originals = {name: getattr(node_class, name, None) for name in IDLE_SERVICES}
+    if node_class is None or not all(callable(method) for method in originals.values()):
+        yield
+        return
+    for name in IDLE_SERVICES:
+        setattr(node_class, name, _skip_service)
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(node_class, name, method)
+
+
+def _skip_service(self: object, **_: object) -> None:
+    """Start nothing (see :data:`IDLE_SERVICES`)."""
 
 
 def _check_reachable(address: str, timeout: float = REACH_TIMEOUT_S) -> None:

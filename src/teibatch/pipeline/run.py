@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -22,17 +21,17 @@ from teibatch.errors import (
     TeibatchError,
     WrongModelKind,
 )
-from teibatch.fleet import Provider
+from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
-from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
+from teibatch.pipeline.interrupts import Interrupts, catch_interrupts
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, SilentReporter
 from teibatch.pipeline.providers import fleet_session, provider_for
-from teibatch.pipeline.ray_runtime import ray_session
+from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import SenderRef, plan_senders, sender_news, start_senders, stop_senders
-from teibatch.pipeline.shard import ShardOutcome, process_shard
+from teibatch.pipeline.shard import ShardOutcome, shard_task
 from teibatch.pipeline.summary import RunSummary, new_run_id
 from teibatch.sink import (
     Manifest,
@@ -86,15 +85,16 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
                 reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed")
             interrupts.check()
             if pending:
-                with ray_session(ray_address, summary.timings):
-                    reinstall(interrupts)
-                    interrupts.check()
+                # Ray starts in the background while the servers start; the senders wait for it.
+                with ray_session(ray_address, summary.timings) as ray_start:
                     previous = _previous_parts(job, manifest, live)
-                    _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts)
+                    _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
+                                   ray_start)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
-        # SystemExit: a SIGTERM that came while ray.init's own handler (which exits) was in place.
+        # SystemExit: a SIGTERM handled by a library's own handler (ray.init installs one that exits when it
+        # runs on the main thread) must still end with an honest report.
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
     except TeibatchError as exc:
@@ -172,11 +172,13 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
-                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts) -> None:
+                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
                            on_too_long=job.model.on_too_long)
+    if supports(provider, Capability.SWEEP):
+        ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
     clock = time.monotonic()
     with fleet_session(job, provider, summary.run_id) as endpoints:
         interrupts.check()
@@ -187,6 +189,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         _check_same_vectors(manifest, fleet, store)
         manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                          "servers": [s.info.to_json() for s in fleet.servers]}
+        ray_start.wait()
+        interrupts.check()
         plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
                              embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
                              api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
@@ -254,18 +258,12 @@ def _shards_in_flight(job: JobSpec, senders: Sequence[SenderRef], pending: Seque
     return max(1, min(cpus, to_fill + SHARDS_PER_SENDER * len(senders)))
 
 
-def _shard_task(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
-                previous: tuple[str, ...]) -> ShardOutcome:
-    outcome = process_shard(shard, context, senders, previous)
-    return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
-
-
 def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
               senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
               reporter: Reporter, job: JobSpec, interrupts: Interrupts) -> None:
     """Keep shard tasks running; commit each one as it finishes; pass on what the senders report."""
     # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
-    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(_shard_task)
+    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(shard_task)
     if crash_settings := task_environment():
         task = task.options(runtime_env={"env_vars": crash_settings})
     context_ref = ray.put(context)

@@ -7,6 +7,7 @@ nothing and reports how many are left; the run ends incomplete and the same comm
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
@@ -14,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import ray
 
 from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
 from teibatch.crashpoints import crashpoint
@@ -43,6 +45,17 @@ class ShardOutcome:
     def committable(self) -> bool:
         """True when every document ended as a vector or a final reject (nothing waits for a server)."""
         return self.unfinished == 0
+
+
+def shard_task(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
+               previous: tuple[str, ...]) -> ShardOutcome:
+    """The Ray task of one shard: :func:`process_shard`, saying which node did it.
+
+    It lives here, not beside the driver's loop, so that a worker unpickling it imports only what a
+    shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
+    """
+    outcome = process_shard(shard, context, senders, previous)
+    return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
 
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],

@@ -29,7 +29,6 @@ from teibatch.server.config import (
     FaultConfig,
     ServerConfig,
 )
-from teibatch.server.runner import run_server
 
 EPILOG = """\b
 Examples:
@@ -124,6 +123,8 @@ def serve(**options: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
+        from teibatch.server.runner import run_server  # the web server's imports, only for `serve`
+
         code = run_server(config, ready_file=ready_file)
     except ImportError as exc:
         click.echo(f"Error: {exc}", err=True)
