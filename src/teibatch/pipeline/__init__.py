@@ -6,8 +6,14 @@ imports only what those need (not the driver's fleet, job-file and cloud modules
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
+
+from teibatch.lazy import lazy_getattr
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from teibatch.pipeline.progress import Reporter, reporter_for
+    from teibatch.pipeline.run import run_job
+    from teibatch.pipeline.summary import RunSummary
 
 _EXPORTS = {
     "Reporter": "teibatch.pipeline.progress",
@@ -16,10 +22,11 @@ _EXPORTS = {
     "run_job": "teibatch.pipeline.run",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Reporter",
+    "RunSummary",
+    "reporter_for",
+    "run_job",
+]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'teibatch.pipeline' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -52,6 +53,8 @@ FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
 NEWS_INTERVAL_S = 5.0
 # Shard tasks per sender when the job leaves it to teibatch (see _shards_in_flight).
 SHARDS_PER_SENDER = 2
+# Shard tasks added to the start-up allowance each time one finishes (see _schedule).
+TASKS_ADDED_PER_FINISH = 2
 
 
 def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None) -> RunSummary:
@@ -255,7 +258,7 @@ def _shards_in_flight(job: JobSpec, senders: Sequence[SenderRef], pending: Seque
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     mean_shard = max(1.0, sum(s.size for s in pending) / max(1, len(pending)))
     to_fill = math.ceil(sum(s.budget for s in senders) / mean_shard)
-    return max(1, min(cpus, to_fill + SHARDS_PER_SENDER * len(senders)))
+    return max(1, min(cpus, len(pending), to_fill + SHARDS_PER_SENDER * len(senders)))
 
 
 def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
@@ -268,6 +271,10 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
         task = task.options(runtime_env={"env_vars": crash_settings})
     context_ref = ray.put(context)
     in_flight = _shards_in_flight(job, senders, pending)
+    # Start with as many tasks as this machine has cores and add more as tasks finish: Ray has a
+    # worker process waiting per core, any further one takes a second or more of CPU to start, and
+    # starting them all at once delays the first chunks — and so the servers — by seconds.
+    allowed = min(in_flight, max(1, os.cpu_count() or 1))
     queue = list(reversed(pending))
     running_refs: dict[ray.ObjectRef, Shard] = {}
     deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
@@ -275,7 +282,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
     try:
         while queue or running_refs:
             interrupts.check()
-            while queue and len(running_refs) < in_flight:
+            while queue and len(running_refs) < allowed:
                 shard = queue.pop()
                 running_refs[task.remote(shard, context_ref, senders, previous(shard))] = shard
             now = time.monotonic()
@@ -291,6 +298,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
             for ref in done:
                 shard = running_refs.pop(ref)
+                allowed = min(in_flight, allowed + TASKS_ADDED_PER_FINISH)
                 _finish(shard, ref, manifest, store, summary, reporter)
     finally:
         for ref in running_refs:

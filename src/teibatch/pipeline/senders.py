@@ -12,8 +12,9 @@ last shard of a run included, and a task that is reading or writing holds none o
   is an asyncio actor with ``num_cpus=0`` placed on the driver's node (where SSH tunnels end).
 * What a chunk is: ``CHUNK_BATCHES`` full requests' worth of texts, so sharing never shrinks a
   request: only the last chunk of a shard may end in a smaller one.
-* Inside a sender, chunks run first come first served; enough of them at once to fill every
-  server's window, and no more, so a chunk's requests go out together and it comes back soon.
+* Inside a sender, chunks are admitted oldest shard task first (``pipeline/admission.py``); enough
+  of them at once to fill every server's window, and no more, so a chunk's requests go out together
+  and it comes back soon, and tasks finish one after another instead of all at once.
 * A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
   chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
   leaves nothing counted anywhere: in-flight counts live only inside the sender that sends.
@@ -21,7 +22,6 @@ last shard of a run included, and a task that is reading or writing holds none o
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -35,6 +35,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import CapacityUnavailable, TeibatchError
+from teibatch.pipeline.admission import OldestFirst
 from teibatch.pipeline.context import ServerPlan
 from teibatch.tei import EmbedOptions, EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
 from teibatch.tei.work import Failure
@@ -48,6 +49,8 @@ MAX_SENDER_RESTARTS = 5
 MAX_CHUNK_RESENDS = 3
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
 WAIT_SLICE_S = 5.0
+# How long the run waits for its senders to start before it schedules shard tasks anyway.
+SENDER_START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,11 @@ class SenderCore:
         self._pool: EndpointPool | None = None
         self._packer: RequestPacker | None = None
         self._http: httpx.AsyncClient | None = None
-        self._admission: asyncio.Semaphore | None = None
+        self._admission: OldestFirst | None = None
         self._reported: dict[str, tuple[int, int]] = {}
         self.chunks = 0
 
-    def _start(self) -> tuple[EndpointPool, RequestPacker, asyncio.Semaphore]:
+    def _start(self) -> tuple[EndpointPool, RequestPacker, OldestFirst]:
         if self._pool is None or self._packer is None or self._admission is None:
             plan = self.plan
             connections = sum(p.limits.max_inflight_inputs // p.limits.max_batch_size + 2 for p in plan.servers)
@@ -113,13 +116,16 @@ class SenderCore:
                                          payload_limit=self._pool.payload_limit)
             self._pool.probe_request = self._packer.probe()
             # Enough chunks at once to fill every window, plus two starting while others end.
-            self._admission = asyncio.Semaphore(math.ceil(plan.budget / plan.chunk_size) + 2)
+            self._admission = OldestFirst(math.ceil(plan.budget / plan.chunk_size) + 2)
         return self._pool, self._packer, self._admission
 
-    async def embed(self, texts: list[str]) -> EmbedResult:
-        """Vectors (or a failure) for every text, sent over this sender's servers."""
+    async def embed(self, texts: list[str], priority: float = 0.0) -> EmbedResult:
+        """Vectors (or a failure) for every text, sent over this sender's servers.
+
+        ``priority``: the start time of the shard task that sent them; the oldest task's chunks go first.
+        """
         pool, packer, admission = self._start()
-        async with admission:
+        async with admission.slot(priority):
             self.chunks += 1
             crashpoint("sender-chunk")
             return await embed_texts(pool, packer, texts, dimension=self.plan.dimension,
@@ -159,8 +165,8 @@ class SenderActor:
     def __init__(self, plan: SenderPlan) -> None:
         self.core = SenderCore(plan)
 
-    async def embed(self, texts: list[str]) -> EmbedResult:
-        return await self.core.embed(texts)
+    async def embed(self, texts: list[str], priority: float = 0.0) -> EmbedResult:
+        return await self.core.embed(texts, priority)
 
     async def stats(self) -> dict[str, dict[str, object]]:
         return self.core.stats()
@@ -181,8 +187,13 @@ class SenderRef:
     chunk_size: int
 
 
-def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
-    """One actor per plan, on this (the driver's) node when it can, restarted by Ray when it dies."""
+def start_senders(plans: Sequence[SenderPlan], ready_timeout: float = SENDER_START_TIMEOUT_S) -> list[SenderRef]:
+    """One actor per plan, on this (the driver's) node when it can, restarted by Ray when it dies.
+
+    Returns once every sender answers (or ``ready_timeout`` passed): a sender started after the shard
+    tasks would wait for a worker process behind them, and the first chunks, read within a second,
+    would wait for it with the servers idle.
+    """
     here = ray.get_runtime_context().get_node_id()
     options: dict[str, object] = {
         "num_cpus": 0, "max_restarts": MAX_SENDER_RESTARTS, "max_task_retries": 0, "max_concurrency": 1000,
@@ -190,7 +201,10 @@ def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
     if crash_settings := task_environment():
         options["runtime_env"] = {"env_vars": crash_settings}
     actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
-    return [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
+    senders = [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
+    # A sender that fails to start is found by the first chunk sent to it, which handles it.
+    ray.wait([s.actor.stats.remote() for s in senders], num_returns=len(senders), timeout=ready_timeout)
+    return senders
 
 
 def stop_senders(senders: Sequence[SenderRef], timeout: float = 10.0) -> dict[str, dict[str, object]]:
@@ -223,8 +237,12 @@ class SenderFailed(TeibatchError):
     """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
 
 
-def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], dimension: int) -> EmbedResult:
+def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], dimension: int,
+                          priority: float = 0.0) -> EmbedResult:
     """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
+
+    ``priority`` orders this task's chunks against other tasks' in each sender (lower first): the
+    task's start time, so that the oldest task finishes first (see ``pipeline/admission.py``).
 
     Each sender gets at most twice its budget plus one chunk of this task's texts at a time, so that
     this task alone can keep every server full while the others read or write; new chunks go to the sender
@@ -245,7 +263,7 @@ def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], di
                 break
             index = min(ready, key=lambda i: load[i] / senders[i].budget)
             start, end = todo.popleft()
-            outstanding[senders[index].actor.embed.remote(list(texts[start:end]))] = (start, end, index)
+            outstanding[senders[index].actor.embed.remote(list(texts[start:end]), priority)] = (start, end, index)
             load[index] += end - start
         done, _ = ray.wait(list(outstanding), num_returns=1, timeout=WAIT_SLICE_S)
         for ref in done:

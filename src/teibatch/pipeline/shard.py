@@ -7,7 +7,9 @@ nothing and reports how many are left; the run ends incomplete and the same comm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import resource
 import sys
 import time
@@ -23,6 +25,9 @@ from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.senders import SenderRef, embed_through_senders
 from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
 from teibatch.tei.work import RETRYABLE_FAILURES
+
+# CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers.
+SHARD_TASK_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,21 @@ def shard_task(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ..
     It lives here, not beside the driver's loop, so that a worker unpickling it imports only what a
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
+    yield_to_senders()
     outcome = process_shard(shard, context, senders, previous)
     return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
+
+
+def yield_to_senders() -> None:
+    """Lower this process's CPU priority to :data:`SHARD_TASK_NICENESS` (once; niceness only goes up).
+
+    Reading, hashing and writing a shard is throughput work with minutes of slack; the senders'
+    turn-around and, with local servers, the servers themselves decide how busy the servers are.
+    On a machine with CPU to spare this changes nothing; on a full one the shard tasks wait.
+    """
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < SHARD_TASK_NICENESS:
+            os.setpriority(os.PRIO_PROCESS, 0, SHARD_TASK_NICENESS)
 
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
@@ -69,6 +87,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     document whose id and content hash are found there keeps its vector and is not sent again.
     """
     started = time.monotonic()
+    task_started = time.time()  # comparable between the tasks of every node, unlike the monotonic clock
     documents: list[Document] = []
     rejects: list[Reject] = []
     for item in read_shard(context.corpus, shard):
@@ -89,7 +108,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
             to_embed.append(position)
     reused = len(documents) - len(to_embed)
     if to_embed:
-        result = embed_through_senders([documents[p].text for p in to_embed], senders, context.schema.dimension)
+        result = embed_through_senders([documents[p].text for p in to_embed], senders, context.schema.dimension,
+                                       priority=task_started)
         unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]
         if unfinished:
             return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=reused,

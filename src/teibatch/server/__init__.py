@@ -8,8 +8,18 @@ pay for the web server's imports (aiohttp, numpy) on every start.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING
+
+from teibatch.lazy import lazy_getattr
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from teibatch.server.app import create_app
+    from teibatch.server.backends.hashing import HashingEmbedder
+    from teibatch.server.config import FaultConfig, ServerConfig
+    from teibatch.server.metrics import text_digest
+    from teibatch.server.runner import run_server, serve
+    from teibatch.server.testing import running_server, server_stats
+    from teibatch.server.tokens import ApproxTokenizer
 
 _EXPORTS = {
     "ApproxTokenizer": "teibatch.server.tokens",
@@ -24,10 +34,17 @@ _EXPORTS = {
     "text_digest": "teibatch.server.metrics",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ApproxTokenizer",
+    "FaultConfig",
+    "HashingEmbedder",
+    "ServerConfig",
+    "create_app",
+    "run_server",
+    "running_server",
+    "serve",
+    "server_stats",
+    "text_digest",
+]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'teibatch.server' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
