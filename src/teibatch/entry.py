@@ -13,6 +13,10 @@ import sys
 
 def main() -> None:
     """Import the command line and run it."""
+    # Ray's core would install a crash handler for SIGTERM in the run's Ray thread, and a SIGTERM
+    # would then abort the driver with no report and its servers left up. The command handles
+    # SIGTERM itself (pipeline/interrupts.py); Ray reads this before it is imported.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         from teibatch.cli import main as cli
 

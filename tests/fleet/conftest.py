@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,3 +271,35 @@ def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def first_commit(out: Path) -> bool:
+    """Whether the output at ``out`` has committed a shard yet."""
+    try:
+        return bool(json.loads((out / "_manifest.json").read_text()).get("shards"))
+    except (OSError, ValueError):
+        return False
+
+
+def signal_after_first_commit(job: Path, cwd: Path, env: dict[str, str], signum: int,
+                              before_signal: Callable[[], None], wait_s: float = 90.0) -> tuple[int, bytes]:
+    """Run ``teibatch run --quiet job``; once a shard is committed, call ``before_signal`` and send ``signum``.
+
+    Returns the driver's exit code and standard error; the driver never outlives the call.
+    """
+    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", "--quiet", str(job)], cwd=cwd, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + wait_s
+        while not first_commit(cwd / "out"):
+            assert driver.poll() is None, driver.stderr.read().decode()[-2000:] if driver.stderr else ""
+            assert time.monotonic() < deadline, "no shard committed in time"
+            time.sleep(0.2)
+        before_signal()
+        driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=wait_s)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    return driver.returncode, stderr

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from teibatch.fleet.offers import GpuWant
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import LAMBDA_KEY, SshHostFixture, kill_when_ready
+from tests.fleet.conftest import LAMBDA_KEY, SshHostFixture, kill_when_ready, signal_after_first_commit
 from tests.fleet.fake_lambda import FakeLambda
 from tests.fleet.test_run_ssh import REPO, corpus, files_under
 
@@ -195,13 +193,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
 
 
-def _first_commit(out: Path) -> bool:
-    try:
-        return bool(json.loads((out / "_manifest.json").read_text()).get("shards"))
-    except (OSError, ValueError):
-        return False
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM"),
                                     pytest.param(signal.SIGINT, id="SIGINT")])
@@ -211,22 +202,12 @@ def test_signal_mid_run_gives_everything_back(fake_lambda: FakeLambda, host: Ssh
     spec = yaml.safe_load(job.read_text())
     spec["servers"]["server_args"] = ["--simulate-gpu", "60", "--batch-overhead-s", "0.3"]
     job.write_text(yaml.safe_dump(spec))
-    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", "--quiet", str(job)], cwd=tmp_path,
-                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not _first_commit(tmp_path / "out"):
-            assert driver.poll() is None, driver.stderr.read().decode()[-2000:] if driver.stderr else ""
-            assert time.monotonic() < deadline, "no shard committed in time"
-            time.sleep(0.2)
+
+    def one_vm_up() -> None:
         assert fake_lambda.alive() == 1
-        driver.send_signal(signum)
-        _, stderr = driver.communicate(timeout=WAIT_S)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert driver.returncode == 1, stderr.decode()[-2000:]
+
+    code, stderr = signal_after_first_commit(job, tmp_path, _env(tmp_path), signum, one_vm_up, WAIT_S)
+    assert code == 1, stderr.decode()[-2000:]
     assert b"interrupted" in stderr and LAMBDA_KEY.encode() not in stderr
     settled(fake_lambda, host)
     assert (tmp_path / "exports").exists()  # exported before the VM went

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from teibatch.fleet import Ledger
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from tests.conftest import write_jsonl
-from tests.fleet.conftest import SshHostFixture, kill_when_ready
+from tests.fleet.conftest import SshHostFixture, kill_when_ready, signal_after_first_commit
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "BAAI/bge-small-en-v1.5"
@@ -109,43 +107,17 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
 
 
-def _wait_for(condition: Any, process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if process.poll() is not None:
-            pytest.fail(f"the driver exited ({process.returncode}) before {what}: "
-                        f"{process.stderr.read().decode()[-2000:] if process.stderr else ''}")
-        time.sleep(0.2)
-    process.kill()
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def _first_commit(out: Path) -> bool:
-    try:
-        return bool(json.loads((out / "_manifest.json").read_text()).get("shards"))
-    except (OSError, ValueError):
-        return False
-
-
 @pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, id="SIGTERM"),
                                     pytest.param(signal.SIGINT, id="SIGINT")])
 def test_signal_on_the_driver_tears_down(host: SshHostFixture, tmp_path: Path, signum: int) -> None:
     job = write_job(tmp_path, host, server_args=["--simulate-gpu", "60", "--batch-overhead-s", "0.3"],
                     limits={"max_shards_in_flight": 1})
-    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", "--quiet", str(job)], cwd=tmp_path,
-                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _wait_for(lambda: _first_commit(tmp_path / "out"), driver, "the first shard")
+
+    def one_container_up() -> None:
         assert host.standin.running() == 1
-        driver.send_signal(signum)
-        _, stderr = driver.communicate(timeout=WAIT_S)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert driver.returncode == 1, stderr.decode()[-2000:]
+
+    code, stderr = signal_after_first_commit(job, tmp_path, _env(tmp_path), signum, one_container_up, WAIT_S)
+    assert code == 1, stderr.decode()[-2000:]
     assert b"interrupted" in stderr
     assert host.standin.running() == 0
     assert all_destroyed(tmp_path)

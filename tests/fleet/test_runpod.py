@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,9 @@ from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import RUNPOD_KEY, kill_when_ready
+from tests.fleet.conftest import RUNPOD_KEY, kill_when_ready, signal_after_first_commit
 from tests.fleet.fake_runpod import FakeRunPod
-from tests.fleet.test_lambda import _env, _first_commit
+from tests.fleet.test_lambda import _env
 from tests.fleet.test_run_ssh import corpus, files_under
 
 MODEL = "BAAI/bge-small-en-v1.5"
@@ -138,22 +136,12 @@ def test_signal_mid_run_terminates_every_pod(fake_runpod: FakeRunPod, tmp_path: 
     spec = yaml.safe_load(job.read_text())
     spec["servers"]["server_args"] = ["--simulate-gpu", "60", "--batch-overhead-s", "0.3"]
     job.write_text(yaml.safe_dump(spec))
-    driver = subprocess.Popen([sys.executable, "-m", "teibatch", "run", "--quiet", str(job)], cwd=tmp_path,
-                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not _first_commit(tmp_path / "out"):
-            assert driver.poll() is None, driver.stderr.read().decode()[-2000:] if driver.stderr else ""
-            assert time.monotonic() < deadline, "no shard committed in time"
-            time.sleep(0.2)
+
+    def both_pods_up() -> None:
         assert fake_runpod.alive() == 4  # two pods, two processes
-        driver.send_signal(signum)
-        _, stderr = driver.communicate(timeout=WAIT_S)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert driver.returncode == 1, stderr.decode()[-2000:]
+
+    code, stderr = signal_after_first_commit(job, tmp_path, _env(tmp_path), signum, both_pods_up, WAIT_S)
+    assert code == 1, stderr.decode()[-2000:]
     assert b"interrupted" in stderr and RUNPOD_KEY.encode() not in stderr
     assert fake_runpod.alive() == 0
 

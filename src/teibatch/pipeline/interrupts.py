@@ -50,3 +50,9 @@ def catch_interrupts() -> Iterator[Interrupts]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
+def reinstall(interrupts: Interrupts) -> None:
+    """Take SIGTERM back after a library replaced its handler (Ray's core installs a crash handler for it)."""
+    with suppress(ValueError):
+        signal.signal(signal.SIGTERM, interrupts.handle)

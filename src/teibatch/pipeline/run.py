@@ -26,7 +26,7 @@ from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
-from teibatch.pipeline.interrupts import Interrupts, catch_interrupts
+from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, SilentReporter
 from teibatch.pipeline.providers import fleet_session, provider_for
@@ -193,14 +193,15 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                          "servers": [s.info.to_json() for s in fleet.servers]}
         ray_start.wait()
+        reinstall(interrupts)
         interrupts.check()
         plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
                              embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
                              api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
                              max_retries=job.client.max_retries)
+        clock = time.monotonic()  # the senders' start counts: the servers wait for it
         senders = start_senders(plans)
         try:
-            clock = time.monotonic()
             reporter.start(len(pending), sum(s.size for s in pending))
             _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
                       job, interrupts)
