@@ -92,6 +92,13 @@ def documents(count: int, prefix: str = "d") -> list[dict[str, Any]]:
             for i in range(count)]
 
 
+def corpus_of(tmp_path: Path, count: int) -> tuple[list[dict[str, Any]], Path]:
+    """``count`` documents written as the test's corpus (``tmp_path / "c"``): the rows, and the output path."""
+    rows = documents(count)
+    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
+    return rows, tmp_path / "out"
+
+
 # -- where every document ended ------------------------------------------------------------------
 
 
@@ -172,9 +179,7 @@ WRONG_ANSWERS = [
 @pytest.mark.parametrize("behaviour", WRONG_ANSWERS)
 def test_only_server_answering_wrongly_stops_the_run_and_commits_nothing(
         behaviour: Behaviour, tmp_path: Path, ray_address: str) -> None:
-    rows = documents(40)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 40)
     # healthy_first=1: teibatch meets it with a probe that passes; it goes wrong once the work starts.
     with StandIn(behaviour, dimension=DIMENSION, healthy_first=1) as server:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(server), out)
@@ -199,9 +204,7 @@ def test_only_server_answering_wrongly_stops_the_run_and_commits_nothing(
 @pytest.mark.parametrize("behaviour", WRONG_ANSWERS)
 def test_server_answering_wrongly_beside_a_healthy_one_is_taken_out(
         behaviour: Behaviour, tmp_path: Path, ray_address: str) -> None:
-    rows = documents(60)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 60)
     with StandIn(behaviour, dimension=DIMENSION, healthy_first=1) as bad, StandIn(dimension=DIMENSION) as good:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(bad, good), out,
                         client={"max_batch_size": 4})
@@ -224,9 +227,7 @@ def test_server_answering_wrongly_beside_a_healthy_one_is_taken_out(
 
 @pytest.mark.timeout(240)
 def test_non_finite_vectors_on_base64_are_never_stored(tmp_path: Path, ray_address: str) -> None:
-    rows = documents(30)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 30)
     with StandIn(Behaviour.NON_FINITE, dimension=DIMENSION, healthy_first=1) as server:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(server), out,
                         client={"route": "openai-base64"})
@@ -253,9 +254,7 @@ def test_non_finite_vectors_on_base64_are_never_stored(tmp_path: Path, ray_addre
 @pytest.mark.parametrize("mode", ["full", "incremental"])
 def test_resume_against_another_dimension_stops_before_any_work(mode: str, tmp_path: Path,
                                                                  ray_address: str) -> None:
-    rows = documents(50)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 50)
     with StandIn(dimension=384) as server:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(server), out, mode=mode,
                         limits={"max_shards_in_flight": 1})
@@ -344,9 +343,7 @@ def test_csv_quote_that_never_closes_rejects_the_rest_when_asked(tmp_path: Path,
                                        pytest.param(Behaviour.TRICKLE, id="trickles-1-byte-a-second")])
 def test_a_server_that_never_finishes_an_answer_beside_a_healthy_one(
         behaviour: Behaviour, tmp_path: Path, ray_address: str) -> None:
-    rows = documents(40)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 40)
     with StandIn(behaviour, dimension=DIMENSION, healthy_first=1, trickle_bytes_per_s=1) as slow, \
             StandIn(dimension=DIMENSION) as good:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(slow, good), out,
@@ -430,9 +427,7 @@ def test_a_broken_job_file_is_refused_naming_file_and_line(content: bytes, line:
 
 @pytest.mark.timeout(120)
 def test_info_with_max_client_batch_size_0_sends_one_input_a_request(tmp_path: Path, ray_address: str) -> None:
-    rows = documents(20)
-    write_jsonl(tmp_path / "c" / "docs.jsonl", rows)
-    out = tmp_path / "out"
+    rows, out = corpus_of(tmp_path, 20)
     with StandIn(dimension=DIMENSION, info={"max_client_batch_size": 0}) as server:
         job = write_job(tmp_path / "job.yaml", {"path": str(tmp_path / "c")}, static(server), out)
         done = run(job, ray_address)
