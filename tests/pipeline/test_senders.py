@@ -6,6 +6,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +21,15 @@ import yaml
 from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
 from teibatch.endpoint import Endpoint
 from teibatch.pipeline.context import ServerPlan
-from teibatch.pipeline.senders import SERVERS_PER_SENDER, SenderCore, SenderPlan, plan_senders
+from teibatch.pipeline.senders import (
+    SERVERS_PER_SENDER,
+    SenderCore,
+    SenderPlan,
+    embed_through_senders,
+    plan_senders,
+    start_senders,
+    stop_senders,
+)
 from teibatch.server.backends import HashingEmbedder
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions
@@ -136,3 +146,28 @@ def test_a_killed_sender_is_replaced_and_every_document_lands_once(tmp_path: Pat
     (seen,) = report["servers"].values()  # type: ignore[attr-defined]
     assert seen["max_in_flight"] == 8
     assert server["inputs_embedded"] >= 240
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None) -> None:
+    # The texts come from a generator that, once a chunk has been taken, waits (bounded) for the server
+    # to see a request: were the texts all read before sending, it would wait in vain and the test fail.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8, simulate_gpu=20_000) as url:
+        (sender,) = start_senders([plan_for([url])])
+        try:
+            seen_before_the_rest: list[int] = []
+
+            def texts() -> Iterator[str]:
+                for i in range(3 * sender.chunk_size):
+                    if i == sender.chunk_size:
+                        deadline = time.monotonic() + 20
+                        while not stats(url)["inputs_embedded"] and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        seen_before_the_rest.append(int(stats(url)["inputs_embedded"]))  # type: ignore[call-overload]
+                    yield f"text {i}"
+
+            result = embed_through_senders(texts(), [sender], 384)
+        finally:
+            stop_senders([sender])
+    assert seen_before_the_rest and seen_before_the_rest[0] > 0
+    assert result.ok.all() and len(result.ok) == 3 * sender.chunk_size and not result.failures

@@ -31,7 +31,13 @@ from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, SilentReporter
 from teibatch.pipeline.providers import fleet_session, provider_for
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
-from teibatch.pipeline.senders import SenderRef, plan_senders, sender_news, start_senders, stop_senders
+from teibatch.pipeline.senders import (
+    SenderRef,
+    plan_senders,
+    sender_news,
+    start_senders,
+    stop_senders,
+)
 from teibatch.pipeline.shard import ShardOutcome, shard_task
 from teibatch.pipeline.summary import RunSummary, new_run_id
 from teibatch.sink import (
@@ -51,8 +57,10 @@ log = logging.getLogger(__name__)
 FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
 # How often the driver passes on what the senders saw (retries, servers taken out).
 NEWS_INTERVAL_S = 5.0
-# Shard tasks per sender when the job leaves it to teibatch (see _shards_in_flight).
-SHARDS_PER_SENDER = 2
+# Shard tasks per sender beyond those that fill its budget, when the job leaves it to teibatch (see _tasks_in_flight).
+SPARE_TASKS_PER_SENDER = 1
+# The most shards one task processes side by side (see _tasks).
+MAX_SHARDS_PER_TASK = 16
 # Shard tasks added to the start-up allowance each time one finishes (see _schedule).
 TASKS_ADDED_PER_FINISH = 2
 
@@ -244,52 +252,74 @@ def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
         payload_limit=server.endpoint.payload_limit or client.payload_limit)
 
 
-def _shards_in_flight(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard]) -> int:
+def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard]) -> list[tuple[Shard, ...]]:
+    """The pending shards as Ray tasks: one shard each, or consecutive small shards together.
+
+    Shards smaller than the senders' whole budget (in documents) go together, up to
+    ``MAX_SHARDS_PER_TASK``, until a task holds the budget: a few worker processes then keep the
+    servers full, where one process per small shard would spend a second of CPU starting each and
+    leave the servers waiting. A job that sets ``limits.max_shards_in_flight`` gets one shard a task.
+    """
+    if job.limits.max_shards_in_flight != "auto":
+        return [(shard,) for shard in pending]
+    budget = sum(s.budget for s in senders)
+    tasks: list[tuple[Shard, ...]] = []
+    group: list[Shard] = []
+    for shard in pending:
+        group.append(shard)
+        if sum(s.size for s in group) >= budget or len(group) == MAX_SHARDS_PER_TASK:
+            tasks.append(tuple(group))
+            group = []
+    if group:
+        tasks.append(tuple(group))
+    return tasks
+
+
+def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence[tuple[Shard, ...]]) -> int:
     """Shard tasks at once: the job's number, else enough to keep every sender fed and no more.
 
-    Enough: the tasks together hold the senders' whole budget in documents (small shards need more
-    tasks for that), and each sender has ``SHARDS_PER_SENDER`` more reading and hashing their shard
-    while the others finish and write, so the senders never wait. More would only compete with the
-    servers and the senders for CPU — on a machine whose Ray declares more CPUs than it has, that
-    slows the run down instead of speeding it up.
+    Enough: the tasks together hold the senders' whole budget in documents, and each sender has
+    ``SPARE_TASKS_PER_SENDER`` more reading its shards while the others finish and write, so the
+    senders never wait. More would only compete with the servers and the senders for CPU — on a
+    machine whose Ray declares more CPUs than it has, that slows the run down instead of speeding it up.
     """
     wanted = job.limits.max_shards_in_flight
     if wanted != "auto":
         return int(wanted)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    mean_shard = max(1.0, sum(s.size for s in pending) / max(1, len(pending)))
-    to_fill = math.ceil(sum(s.budget for s in senders) / mean_shard)
-    return max(1, min(cpus, len(pending), to_fill + SHARDS_PER_SENDER * len(senders)))
+    mean_task = max(1.0, sum(s.size for task in tasks for s in task) / max(1, len(tasks)))
+    to_fill = math.ceil(sum(s.budget for s in senders) / mean_task)
+    return max(1, min(cpus, len(tasks), to_fill + SPARE_TASKS_PER_SENDER * len(senders)))
 
 
 def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
               senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
               reporter: Reporter, job: JobSpec, interrupts: Interrupts) -> None:
-    """Keep shard tasks running; commit each one as it finishes; pass on what the senders report."""
+    """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report."""
     # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
     task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(shard_task)
     if crash_settings := task_environment():
         task = task.options(runtime_env={"env_vars": crash_settings})
     context_ref = ray.put(context)
-    in_flight = _shards_in_flight(job, senders, pending)
+    queue = list(reversed(_tasks(job, senders, pending)))
+    in_flight = _tasks_in_flight(job, senders, queue)
     # Start with as many tasks as this machine has cores and add more as tasks finish: Ray has a
     # worker process waiting per core, any further one takes a second or more of CPU to start, and
     # starting them all at once delays the first chunks — and so the servers — by seconds.
     allowed = min(in_flight, max(1, os.cpu_count() or 1))
-    queue = list(reversed(pending))
-    running_refs: dict[ray.ObjectRef, Shard] = {}
+    running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
     deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
     news_due = time.monotonic() + NEWS_INTERVAL_S
     try:
         while queue or running_refs:
             interrupts.check()
             while queue and len(running_refs) < allowed:
-                shard = queue.pop()
-                running_refs[task.remote(shard, context_ref, senders, previous(shard))] = shard
+                shards = queue.pop()
+                running_refs[task.remote(shards, context_ref, senders, tuple(previous(s) for s in shards))] = shards
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 summary.errors.append(f"limits.max_runtime ({job.limits.max_runtime:.0f}s) reached")
-                summary.shards_failed += len(running_refs) + len(queue)
+                summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
                 return
             if now >= news_due:
                 for line in sender_news(senders):
@@ -298,28 +328,31 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
             wait = min(NEWS_INTERVAL_S, deadline - now) if deadline is not None else NEWS_INTERVAL_S
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
             for ref in done:
-                shard = running_refs.pop(ref)
+                shards = running_refs.pop(ref)
                 allowed = min(in_flight, allowed + TASKS_ADDED_PER_FINISH)
-                _finish(shard, ref, manifest, store, summary, reporter)
+                try:
+                    outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
+                except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
+                    outcomes = [exc] * len(shards)
+                for shard, outcome in zip(shards, outcomes, strict=True):
+                    _finish(shard, outcome, manifest, store, summary, reporter)
     finally:
         for ref in running_refs:
             ray.cancel(ref, force=True)
 
 
-def _finish(shard: Shard, ref: ray.ObjectRef, manifest: Manifest, store: OutputStore, summary: RunSummary,
-            reporter: Reporter) -> None:
+def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manifest, store: OutputStore,
+            summary: RunSummary, reporter: Reporter) -> None:
     """Commit a finished shard, or count it as not done (and say why)."""
-    try:
-        outcome: ShardOutcome = ray.get(ref)
-    except Exception as exc:
-        cause = getattr(exc, "cause", None)
+    if isinstance(outcome, BaseException):
+        cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
         if isinstance(cause, FATAL_ERRORS):
             raise cause from None
         summary.shards_failed += 1
         if isinstance(cause, CorpusMismatch):
             summary.corpus_errors.append(str(cause))
-        summary.errors.append(f"shard {shard.id}: {_cause(exc)}")
-        reporter.message(f"shard {shard.id} failed: {_cause(exc)}")
+        summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
+        reporter.message(f"shard {shard.id} failed: {_cause(outcome)}")
         reporter.advance(1, shard.size)
         return
     if not outcome.committable:
@@ -339,7 +372,10 @@ def _finish(shard: Shard, ref: ray.ObjectRef, manifest: Manifest, store: OutputS
 
 
 def _cause(exc: BaseException) -> str:
-    """The user-facing error inside a Ray task error."""
+    """The user-facing error of a shard: the task's own inside a Ray task error, else the last line."""
     inner = getattr(exc, "cause", None)
-    return str(inner) if isinstance(inner, BaseException) else str(exc).strip().splitlines()[-1]
+    if isinstance(inner, BaseException):
+        return str(inner)
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import httpx
@@ -49,8 +50,6 @@ MAX_SENDER_RESTARTS = 5
 MAX_CHUNK_RESENDS = 3
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
 WAIT_SLICE_S = 5.0
-# How long the run waits for its senders to start before it schedules shard tasks anyway.
-SENDER_START_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -187,12 +186,12 @@ class SenderRef:
     chunk_size: int
 
 
-def start_senders(plans: Sequence[SenderPlan], ready_timeout: float = SENDER_START_TIMEOUT_S) -> list[SenderRef]:
+def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
     """One actor per plan, on this (the driver's) node when it can, restarted by Ray when it dies.
 
-    Returns once every sender answers (or ``ready_timeout`` passed): a sender started after the shard
-    tasks would wait for a worker process behind them, and the first chunks, read within a second,
-    would wait for it with the servers idle.
+    Returns at once: the actors are asked for before any shard task, so each takes a waiting worker
+    process first, and they start while the first shard tasks load and read (chunks sent meanwhile
+    wait in the actor's queue). A sender that fails to start is found by the first chunk sent to it.
     """
     here = ray.get_runtime_context().get_node_id()
     options: dict[str, object] = {
@@ -201,10 +200,7 @@ def start_senders(plans: Sequence[SenderPlan], ready_timeout: float = SENDER_STA
     if crash_settings := task_environment():
         options["runtime_env"] = {"env_vars": crash_settings}
     actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
-    senders = [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
-    # A sender that fails to start is found by the first chunk sent to it, which handles it.
-    ray.wait([s.actor.stats.remote() for s in senders], num_returns=len(senders), timeout=ready_timeout)
-    return senders
+    return [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
 
 
 def stop_senders(senders: Sequence[SenderRef], timeout: float = 10.0) -> dict[str, dict[str, object]]:
@@ -237,9 +233,12 @@ class SenderFailed(TeibatchError):
     """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
 
 
-def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], dimension: int,
+def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
                           priority: float = 0.0) -> EmbedResult:
     """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
+
+    ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
+    goes out as soon as it is read, while the rest of the shard is still being read and hashed.
 
     ``priority`` orders this task's chunks against other tasks' in each sender (lower first): the
     task's start time, so that the oldest task finishes first (see ``pipeline/admission.py``).
@@ -250,44 +249,54 @@ def embed_through_senders(texts: Sequence[str], senders: Sequence[SenderRef], di
     servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
     """
     chunk_size = min(s.chunk_size for s in senders)
-    todo = deque((start, min(start + chunk_size, len(texts))) for start in range(0, len(texts), chunk_size))
-    outstanding: dict[ray.ObjectRef, tuple[int, int, int]] = {}
+    source = iter(texts)
+    count = 0  # texts read from ``source`` so far
+    unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
+    outstanding: dict[ray.ObjectRef, tuple[int, list[str], int]] = {}
     load = [0] * len(senders)
     alive = set(range(len(senders)))
     resends: dict[int, int] = {}
     parts: dict[int, EmbedResult] = {}
-    while todo or outstanding:
-        while todo:
-            ready = [i for i in alive if load[i] < OUTSTANDING_BUDGETS * senders[i].budget + senders[i].chunk_size]
-            if not ready:
+    exhausted = False
+    while True:
+        while ready := [i for i in alive if load[i] < OUTSTANDING_BUDGETS * senders[i].budget + senders[i].chunk_size]:
+            if not unsent and not exhausted:
+                chunk = list(islice(source, chunk_size))
+                exhausted = len(chunk) < chunk_size
+                if chunk:
+                    unsent.append((count, chunk))
+                    count += len(chunk)
+            if not unsent:
                 break
             index = min(ready, key=lambda i: load[i] / senders[i].budget)
-            start, end = todo.popleft()
-            outstanding[senders[index].actor.embed.remote(list(texts[start:end]), priority)] = (start, end, index)
-            load[index] += end - start
+            start, chunk = unsent.popleft()
+            outstanding[senders[index].actor.embed.remote(chunk, priority)] = (start, chunk, index)
+            load[index] += len(chunk)
+        if not outstanding:
+            break
         done, _ = ray.wait(list(outstanding), num_returns=1, timeout=WAIT_SLICE_S)
         for ref in done:
-            start, end, index = outstanding.pop(ref)
-            load[index] -= end - start
+            start, chunk, index = outstanding.pop(ref)
+            load[index] -= len(chunk)
             try:
                 result: EmbedResult = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, CapacityUnavailable) and len(alive) > 1:
                     alive.discard(index)
-                    todo.appendleft((start, end))
+                    unsent.appendleft((start, chunk))
                     continue
                 raise (cause if isinstance(cause, BaseException) else exc) from None
             except ray.exceptions.RayActorError as exc:
                 resends[start] = resends.get(start, 0) + 1
                 if resends[start] > MAX_CHUNK_RESENDS:
                     raise SenderFailed(f"a sender died {MAX_CHUNK_RESENDS + 1} times while embedding texts "
-                                       f"{start}-{end} of this shard ({exc.__class__.__name__}); the same "
-                                       "command retries the shard") from None
-                todo.appendleft((start, end))
+                                       f"{start}-{start + len(chunk)} of this shard ({exc.__class__.__name__}); "
+                                       "the same command retries the shard") from None
+                unsent.appendleft((start, chunk))
                 continue
             parts[start] = result
-    return _merge(parts, len(texts), dimension)
+    return _merge(parts, count, dimension)
 
 
 def _merge(parts: dict[int, EmbedResult], count: int, dimension: int) -> EmbedResult:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pickle
 import resource
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +24,7 @@ import ray
 
 from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
 from teibatch.crashpoints import crashpoint
+from teibatch.errors import TeibatchError
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.senders import SenderRef, embed_through_senders
 from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
@@ -52,16 +56,39 @@ class ShardOutcome:
         return self.unfinished == 0
 
 
-def shard_task(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
-               previous: tuple[str, ...]) -> ShardOutcome:
-    """The Ray task of one shard: :func:`process_shard`, saying which node did it.
+def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[SenderRef, ...],
+               previous: tuple[tuple[str, ...], ...]) -> list[ShardOutcome | BaseException]:
+    """The Ray task of one or a few consecutive shards: :func:`process_shard` on each, side by side.
+
+    ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`).
+
+    Small shards are handed out together so that one worker process keeps enough documents on their
+    way to fill the servers (starting another Ray worker costs a second of CPU). Each shard keeps its
+    own outcome: one that raises is returned as its exception, and the others still count.
 
     It lives here, not beside the driver's loop, so that a worker unpickling it imports only what a
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
     yield_to_senders()
-    outcome = process_shard(shard, context, senders, previous)
-    return dataclasses.replace(outcome, node=ray.get_runtime_context().get_node_id())
+    node = ray.get_runtime_context().get_node_id()
+    if len(shards) == 1:
+        outcomes: list[ShardOutcome | BaseException] = [
+            process_shard(shards[0], context, senders, previous[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
+            futures = [pool.submit(process_shard, shard, context, senders, parts)
+                       for shard, parts in zip(shards, previous, strict=True)]
+        outcomes = [future.exception() or future.result() for future in futures]
+    return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
+
+
+def _portable(error: BaseException) -> BaseException:
+    """``error`` if it survives pickling (Ray returns it to the driver), else a plain error saying the same."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return TeibatchError(f"{type(error).__name__}: {error}")
+    return error
 
 
 def yield_to_senders() -> None:
@@ -89,33 +116,52 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     started = time.monotonic()
     task_started = time.time()  # comparable between the tasks of every node, unlike the monotonic clock
     documents: list[Document] = []
+    hashes: list[str] = []
     rejects: list[Reject] = []
-    for item in read_shard(context.corpus, shard):
-        (documents if isinstance(item, Document) else rejects).append(item)  # type: ignore[arg-type]
-    read = len(documents) + len(rejects)
-    hashes = [content_hash(d.text, context.hash_options) for d in documents]
+
+    def read_documents() -> Iterator[Document]:
+        for item in read_shard(context.corpus, shard):
+            if isinstance(item, Document):
+                documents.append(item)
+                hashes.append(content_hash(item.text, context.hash_options))
+                yield item
+            else:
+                rejects.append(item)
+
     store = OutputStore(context.output, context.output_options)
-    known = read_vectors(store, previous_parts, {d.id for d in documents}) if previous_parts else {}
+    fresh: Iterable[Document] = read_documents()
+    known: dict[str, tuple[str, np.ndarray, bool]] = {}
+    if previous_parts:  # which vectors can be kept is known only once every id is
+        fresh = list(fresh)
+        known = read_vectors(store, previous_parts, {d.id for d in fresh})
+    to_embed: list[int] = []
+    kept_vectors: list[tuple[int, tuple[str, np.ndarray, bool]]] = []
+
+    def texts_to_embed() -> Iterator[str]:
+        for position, document in enumerate(fresh):
+            previous = known.get(document.id)
+            if previous is not None and previous[0] == hashes[position]:
+                kept_vectors.append((position, previous))
+            else:
+                to_embed.append(position)
+                yield document.text
+
+    # Reading streams into the senders: the first chunk is on its way before the shard is read.
+    result = embed_through_senders(texts_to_embed(), senders, context.schema.dimension, priority=task_started)
+    read = len(documents) + len(rejects)
+    reused = len(kept_vectors)
+    unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]
+    if unfinished:
+        return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=reused,
+                            seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
+                            unfinished=len(unfinished),
+                            unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
     vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
     ok = np.zeros(len(documents), dtype=bool)
     truncated = np.zeros(len(documents), dtype=bool)
-    to_embed = []
-    for position, (document, digest) in enumerate(zip(documents, hashes, strict=True)):
-        previous = known.get(document.id)
-        if previous is not None and previous[0] == digest:
-            vectors[position], truncated[position], ok[position] = previous[1], previous[2], True
-        else:
-            to_embed.append(position)
-    reused = len(documents) - len(to_embed)
+    for position, (_, vector, was_truncated) in kept_vectors:
+        vectors[position], truncated[position], ok[position] = vector, was_truncated, True
     if to_embed:
-        result = embed_through_senders([documents[p].text for p in to_embed], senders, context.schema.dimension,
-                                       priority=task_started)
-        unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]
-        if unfinished:
-            return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=reused,
-                                seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
-                                unfinished=len(unfinished),
-                                unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
         positions = np.asarray(to_embed, dtype=np.int64)
         vectors[positions] = result.vectors
         ok[positions] = result.ok
