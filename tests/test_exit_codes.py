@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from teibatch.cli import main
 from teibatch.server.testing import running_server
+from teibatch.sink import OutputLock, OutputStore
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -37,7 +38,7 @@ def run(tmp_path: Path, corpus: str | None = None, **sections: Any) -> Result:
 
 def test_the_readme_documents_exactly_these_codes() -> None:
     table = README.read_text().split("**Exit codes**", 1)[1].split("\n\n", 2)[1]
-    assert re.findall(r"^\| `(\d)` \|", table, flags=re.MULTILINE) == ["0", "1", "2", "3"]
+    assert re.findall(r"^\| `(\d)` \|", table, flags=re.MULTILINE) == ["0", "1", "2", "3", "4"]
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -83,3 +84,18 @@ def test_3_refused_by_the_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     other_options = run(tmp_path, model={"normalize": False})
     assert other_options.exit_code == 3, other_options.stderr
     assert "other model options" in other_options.stderr
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_4_another_run_is_writing_this_output(tmp_path: Path) -> None:
+    out = OutputStore(str(tmp_path / "out"))
+    holder = OutputLock(out, "20261201-000000-busy")
+    holder.acquire()  # this process stands for a run that is still going
+    try:
+        refused = run(tmp_path)
+    finally:
+        holder.release()
+    assert refused.exit_code == 4, refused.stderr
+    assert "20261201-000000-busy" in refused.stderr
+    assert not (tmp_path / "out" / "runs").exists()  # nothing started, no run recorded
+    assert run(tmp_path).exit_code == 0  # the other run is over: the same command works

@@ -19,7 +19,9 @@ The hierarchy::
     ├── SinkError               the output cannot be written or its manifest is unreadable
     │   ├── OutputUnwritable    the output path cannot be written, found before any work (exit code 2)
     │   ├── OutputMismatch      the output holds vectors made with other options (exit code 3)
-    │   └── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
+    │   ├── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
+    │   ├── OutputLocked        another run is writing this output; this one did nothing (exit code 4)
+    │   └── LockLost            another run took the output's lock over mid-run (exit code 4)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
     ├── RayUnavailable          Ray could not be started or joined (exit code 1)
     └── FleetError              servers could not be launched, reached or destroyed
@@ -44,6 +46,7 @@ EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
+EXIT_LOCKED = 4
 
 
 class TeibatchError(Exception):
@@ -218,6 +221,25 @@ class DimensionMismatch(SinkError):
     """
 
     exit_code = EXIT_USAGE
+
+
+class OutputLocked(SinkError):
+    """Another run is writing this output (its ``_lock.json`` names it); this run did nothing.
+
+    Wait for that run to end. A lock left by a run that died is taken over once its process is gone
+    (same host) or its heartbeat is older than two minutes.
+    """
+
+    exit_code = EXIT_LOCKED
+
+
+class LockLost(SinkError):
+    """Another run took this output's lock over while this run was still going; this run stopped.
+
+    Its committed shards stay committed; the run that now holds the lock finishes the rest.
+    """
+
+    exit_code = EXIT_LOCKED
 
 
 class RunIncomplete(TeibatchError):

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -84,8 +85,11 @@ def test_killed_run_resumes_to_the_same_output(point: str, driver_dies: bool, co
     assert (tmp_path / "crashed-once").exists(), "the crash point was reached"
     if driver_dies:
         assert crashed.returncode == -signal.SIGKILL
-        resumed = run(job, ray_address)
+        held = orjson.loads((out / "_lock.json").read_bytes())  # a killed run cannot release the output
+        assert held["pid"] != os.getpid() and held["run_id"]
+        resumed = run(job, ray_address)  # its process is gone: the same command takes the lock over
         assert resumed.returncode == 0, resumed.stderr
+        assert not (out / "_lock.json").exists()
     else:
         assert crashed.returncode == 0, crashed.stderr  # Ray retried the task on a new worker
     vectors, rejects = output_rows(out)

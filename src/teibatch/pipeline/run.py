@@ -42,6 +42,7 @@ from teibatch.pipeline.shard import ShardOutcome, shard_task
 from teibatch.pipeline.summary import RunSummary, new_run_id
 from teibatch.sink import (
     Manifest,
+    OutputLock,
     OutputStore,
     VectorSchema,
     WriteOptions,
@@ -74,7 +75,21 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
     probe_corpus(job.corpus_options())  # a corpus that does not fit the job stops here, before any server
     store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
+    lock = OutputLock(store, summary.run_id)
+    lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
+    try:
+        if lock.took_over is not None:
+            reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone")
+        return _run_locked(job, ray_address, reporter, summary, started, store, provider, lock)
+    finally:
+        lock.release()
+
+
+def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summary: RunSummary, started: float,
+                store: OutputStore, provider: Provider, lock: OutputLock) -> RunSummary:
+    """The run, once it holds the output's lock: every manifest write first checks it still does."""
     manifest = _open_manifest(store, job, reporter)
+    manifest.guard = lock.check
     manifest.runs.append(summary.run_id)
     shards: list[Shard] = []
     live: set[str] = set()
@@ -116,6 +131,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
         with catch_interrupts():  # a second Ctrl-C must not cut the report short
             reporter.stop()
             if summary.status == "done":
+                lock.check()  # parts are removed only by the run that holds the output
                 remove_stale(store, manifest, live)
             if manifest.planned:
                 manifest.save(store)

@@ -1,5 +1,6 @@
 """The output: Parquet parts written all or nothing, the manifest, and run reports."""
 
+from teibatch.sink.lock import LOCK, LockHolder, OutputLock
 from teibatch.sink.manifest import MANIFEST, Manifest, ShardEntry, remove_stale, remove_uncommitted_temp
 from teibatch.sink.parts import (
     REJECTS_DIR,
@@ -16,11 +17,14 @@ from teibatch.sink.status import output_status
 from teibatch.sink.store import OutputStore
 
 __all__ = [
+    "LOCK",
     "MANIFEST",
     "REJECTS_DIR",
     "RUNS_DIR",
     "VECTORS_DIR",
+    "LockHolder",
     "Manifest",
+    "OutputLock",
     "OutputStore",
     "ShardEntry",
     "VectorSchema",

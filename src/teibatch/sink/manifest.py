@@ -6,6 +6,7 @@ before that (a killed run), and are then simply written again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any
@@ -51,6 +52,8 @@ class Manifest:
     runs: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     """The shard ids of the corpus as the latest run planned it: committed or still pending."""
+    guard: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called before every write; raises to stop it (the run's lock check, ``sink/lock.py``)."""
 
     @classmethod
     def load(cls, store: OutputStore) -> Manifest | None:
@@ -86,6 +89,8 @@ class Manifest:
 
     def save(self, store: OutputStore) -> None:
         """Replace ``_manifest.json`` atomically: a crash leaves the old one or the new one, whole."""
+        if self.guard is not None:
+            self.guard()
         blob = orjson.dumps({
             "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
             "info": self.info, "runs": self.runs, "updated_at": utc_now(), "planned": self.planned,

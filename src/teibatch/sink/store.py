@@ -63,9 +63,14 @@ class OutputStore:
         blob = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
         self.write_atomic(relative, lambda handle: handle.write(blob))
 
-    def read_json(self, relative: str) -> Any | None:
-        """The JSON at ``relative``, or ``None`` when there is no such file."""
+    def read_json(self, relative: str, *, fresh: bool = False) -> Any | None:
+        """The JSON at ``relative``, or ``None`` when there is no such file.
+
+        ``fresh``: another process may have just written it; forget what the filesystem cached about it.
+        """
         final = self.path(relative)
+        if fresh:
+            self.fs.invalidate_cache(final)
         try:
             with self.fs.open(final, "rb") as handle:
                 blob = handle.read()
@@ -78,6 +83,22 @@ class OutputStore:
         except orjson.JSONDecodeError as exc:
             raise SinkError(f"{self.url}/{relative} is not valid JSON ({exc}); "
                             "restore it or start a new output path") from exc
+
+    def create_exclusive(self, relative: str, data: bytes) -> None:
+        """Write ``data`` at ``relative`` only if nothing is there; raise ``FileExistsError`` otherwise.
+
+        Local disks create with ``O_EXCL``; object stores send ``If-None-Match: *`` (AWS S3 and
+        compatible stores that honour it, moto's server included).
+        """
+        final = self.path(relative)
+        try:
+            self.fs.makedirs(final.rpartition("/")[0], exist_ok=True)
+            with self.fs.open(final, "xb") as handle:
+                handle.write(data)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise SinkError(f"cannot write {self.url}/{relative}: {exc}") from exc
 
     def list(self, relative_dir: str) -> list[str]:
         """Names of the files directly in ``relative_dir`` (empty when it does not exist)."""
