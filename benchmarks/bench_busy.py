@@ -6,6 +6,8 @@ Each scenario starts fresh built-in servers with ``--simulate-gpu RATE`` (a batc
 * **teibatch** — the whole ``teibatch run`` (Ray, shard tasks, senders, Parquet) via ``run_job``;
 * **loop** — a single asyncio process with one httpx client and, per server, exactly
   ``max_concurrent_requests`` inputs in flight in full batches: the tuned script a user would write.
+  Its time covers the same job as teibatch's embedding phase: read the JSONL corpus, embed it, write
+  ids and vectors to one Parquet file (its sending alone is printed beside it).
 
 Printed per scenario: the servers' busy share (model-busy seconds over the span from their first
 batch to their last, read from each server's own ``/teibatch/stats``; the mean and the lowest),
@@ -30,8 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import orjson
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 import yaml
 from corpora import write_jsonl_corpus
@@ -92,34 +97,41 @@ def wait_quiet(threshold: float = 50.0, limit_s: float = 60.0) -> None:
         pass
 
 
-def read_texts(corpus: Path) -> list[str]:
-    return [orjson.loads(line)["text"] for path in sorted(corpus.glob("*.jsonl"))
-            for line in path.read_bytes().splitlines()]
+def read_corpus(corpus: Path) -> tuple[list[str], list[str]]:
+    """Ids and texts of every JSONL file of ``corpus``, in order: what the loop reads before it sends."""
+    records = [orjson.loads(line) for path in sorted(corpus.glob("*.jsonl")) for line in path.read_bytes().splitlines()]
+    return [r["id"] for r in records], [r["text"] for r in records]
 
 
-async def budget_loop(urls: list[str], api_key: str, texts: list[str], batch: int, inflight: int) -> int:
+async def budget_loop(urls: list[str], api_key: str, texts: list[str], batch: int, inflight: int) -> list[list[float]]:
     """The tuned alternative: per server, ``inflight // batch`` workers each sending one full batch at a time."""
-    work = deque(texts[i:i + batch] for i in range(0, len(texts), batch))
-    done = 0
+    work = deque((start, texts[start:start + batch]) for start in range(0, len(texts), batch))
+    vectors: list[list[float]] = [[] for _ in texts]
     workers_per_server = max(1, inflight // batch)
     headers = {"Authorization": f"Bearer {api_key}"}
     limits = httpx.Limits(max_connections=len(urls) * workers_per_server + len(urls))
     async with httpx.AsyncClient(limits=limits, headers=headers, timeout=60) as http:
 
         async def worker(url: str) -> None:
-            nonlocal done
             while work:
-                inputs = work.popleft()
+                start, inputs = work.popleft()
                 try:
                     response = await http.post(f"{url}/embed", json={"inputs": inputs})
                     response.raise_for_status()
-                    done += len(response.json())
+                    vectors[start:start + len(inputs)] = response.json()
                 except (httpx.HTTPError, ValueError):
-                    work.append(inputs)  # 429, 503, a dropped answer: send it again later
+                    work.append((start, inputs))  # 429, 503, a dropped answer: send it again later
                     await asyncio.sleep(0.05)
 
         await asyncio.gather(*(worker(url) for url in urls for _ in range(workers_per_server)))
-    return done
+    return vectors
+
+
+def write_vectors(path: Path, ids: list[str], vectors: list[list[float]]) -> None:
+    """One Parquet file of ids and float32 vectors: the loop's output, as its user would write it."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+    pq.write_table(pa.table({"id": ids, "embedding": embedding}), path)
 
 
 @dataclass
@@ -127,6 +139,7 @@ class Result:
     seconds: float
     shares: list[float]
     report: dict[str, dict[str, object]] = field(default_factory=dict)
+    sending_seconds: float | None = None  # the loop only: its time without reading and writing
 
 
 def run_teibatch(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Result:
@@ -151,16 +164,21 @@ def run_teibatch(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Re
         provider.down()
 
 
-def run_loop(scenario: Scenario, rate: float, texts: list[str]) -> Result:
+def run_loop(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Result:
+    """The loop's whole job, timed like teibatch's embedding phase: read the corpus, embed it, write it."""
     provider = LocalProvider(scenario.servers, server_args=scenario.args(rate))
     endpoints = provider.up()
     try:
         started = time.monotonic()
-        done = asyncio.run(budget_loop([e.url for e in endpoints], provider.api_key, texts, scenario.batch,
-                                       scenario.inflight))
+        ids, texts = read_corpus(corpus)
+        sending = time.monotonic()
+        vectors = asyncio.run(budget_loop([e.url for e in endpoints], provider.api_key, texts, scenario.batch,
+                                          scenario.inflight))
+        sent = time.monotonic()
+        assert all(vectors), f"the loop embedded {sum(map(bool, vectors))} of {len(texts)}"
+        write_vectors(tmp / f"loop-{scenario.name}.parquet", ids, vectors)
         seconds = time.monotonic() - started
-        assert done == len(texts), f"the loop embedded {done} of {len(texts)}"
-        return Result(seconds, busy_shares([e.url for e in endpoints]))
+        return Result(seconds, busy_shares([e.url for e in endpoints]), sending_seconds=sent - sending)
     finally:
         provider.down()
 
@@ -182,14 +200,15 @@ def main() -> None:
             corpus = tmp / "corpus"
             write_jsonl_corpus(corpus, args.documents, args.words, files=scenario.files)
             ours = run_teibatch(scenario, args.rate, corpus, tmp)
-            theirs = run_loop(scenario, args.rate, read_texts(corpus))
+            theirs = run_loop(scenario, args.rate, corpus, tmp)
         rows.append((scenario, ours, theirs))
         print(f"\n## {scenario.name}: {scenario.description}")
         print(f"  {'':10} {'time s':>8} {'busy mean':>10} {'busy min':>9}")
         for label, result in (("teibatch", ours), ("loop", theirs)):
             print(f"  {label:10} {result.seconds:8.2f} {sum(result.shares) / len(result.shares):10.3f} "
                   f"{min(result.shares):9.3f}")
-        print(f"  teibatch time / loop time: {ours.seconds / theirs.seconds:.2f}")
+        print(f"  teibatch time / loop time: {ours.seconds / theirs.seconds:.2f} "
+              f"(the loop's sending alone: {theirs.sending_seconds:.2f} s)")
         for url, stats in sorted(ours.report.items()):
             print(f"  {url}: {stats['requests']} requests, {stats['mean_inputs_per_request']} inputs/request, "
                   f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}, "
