@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from teibatch.corpus import CorpusOptions, list_sources, plan_shards
+from teibatch.errors import CorpusError
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -36,3 +37,22 @@ def test_jsonl_from_s3(kit: Any, s3_endpoint: str) -> None:
     folder = CorpusOptions("s3://corpus/docs", shard_docs=100, storage_options=storage)
     assert [s.sources for s in plan_shards(folder)] == [("part-0.jsonl.gz",), ("part-1.jsonl",)]
     assert len(kit.read_all(folder)) == 14
+
+
+@pytest.mark.parametrize("path", ["s3://corpus/docs/*.jsonl", "s3://corpus/docs/part-0.jsonl"])
+def test_missing_credentials_are_a_corpus_error_naming_the_path(path: str, s3_endpoint: str, tmp_path: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # No credentials anywhere botocore looks, and no instance-metadata lookup (it would leave loopback):
+    # signing fails before any request is sent.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    (tmp_path / "empty").write_text("")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "empty"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "empty"))
+    options = CorpusOptions(path, storage_options={"client_kwargs": {"endpoint_url": s3_endpoint},
+                                                   "skip_instance_cache": True})
+    with pytest.raises(CorpusError, match=r"storage refused.*credentials") as refused:
+        list_sources(options)
+    assert path in str(refused.value)

@@ -21,6 +21,7 @@ from fsspec.spec import AbstractFileSystem
 from teibatch.corpus.builtin import is_builtin, load_builtin
 from teibatch.corpus.records import CorpusOptions
 from teibatch.errors import CorpusError, CorpusMismatch
+from teibatch.storage_errors import STORAGE_ERRORS
 
 _GLOB_CHARS = frozenset("*?[")
 _CHECKSUM_KEYS = ("ETag", "etag", "checksum", "md5Hash", "md5", "crc32c", "sha256")
@@ -78,8 +79,9 @@ def resolve_root(options: CorpusOptions) -> CorpusRoot:
         info = fs.info(pattern)
     except FileNotFoundError as exc:
         raise CorpusMismatch("no such file or directory; check corpus.path", file=options.path) from exc
-    except OSError as exc:
-        raise CorpusError(f"{options.path}: storage refused: {exc}") from exc
+    except STORAGE_ERRORS as exc:
+        raise CorpusError(f"{options.path}: storage refused: {exc}; check the storage's credentials and "
+                          "corpus.storage_options") from exc
     if info.get("type") == "directory":
         return CorpusRoot(fs, pattern.rstrip("/"), pattern, "dir")
     return CorpusRoot(fs, posixpath.dirname(pattern), pattern, "file")
@@ -104,8 +106,9 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
             found = root.fs.find(root.pattern, withdirs=False, detail=True)
         else:
             found = {root.pattern: root.fs.info(root.pattern)}
-    except OSError as exc:
-        raise CorpusError(f"{options.path}: storage refused the listing: {exc}") from exc
+    except STORAGE_ERRORS as exc:
+        raise CorpusError(f"{options.path}: storage refused the listing: {exc}; check the storage's credentials "
+                          "and corpus.storage_options") from exc
     asked = _asked_prefixes(root) if root.kind == "glob" else ()
     files = []
     for url, info in found.items():

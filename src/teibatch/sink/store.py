@@ -12,6 +12,7 @@ import orjson
 from fsspec.implementations.local import LocalFileSystem
 
 from teibatch.errors import OutputUnwritable, SinkError
+from teibatch.storage_errors import STORAGE_ERRORS
 
 TEMP_MARK = ".tmp-"
 
@@ -118,7 +119,7 @@ class OutputStore:
             with self.fs.open(self.path(probe), "wb") as handle:
                 handle.write(b"teibatch write probe\n")
             self.fs.rm(self.path(probe))
-        except (OSError, PermissionError) as exc:
+        except STORAGE_ERRORS as exc:
             raise OutputUnwritable(f"cannot write to the output {self.url}: {exc}; check output.path and its "
                             "permissions (or credentials) before running again") from exc
 
