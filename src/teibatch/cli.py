@@ -9,10 +9,11 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import click
+import orjson
 
 from teibatch import __version__
 from teibatch.entry import exit_interrupted
-from teibatch.errors import EXIT_INCOMPLETE, TeibatchError
+from teibatch.errors import RejectsFound, TeibatchError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,9 +26,17 @@ def _handle_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except TeibatchError as exc:
-            if click.get_current_context().find_root().params.get("debug"):
+            context = click.get_current_context()
+            if context.find_root().params.get("debug"):
                 raise
-            click.secho(f"error: {exc}", fg="red", err=True)
+            if context.params.get("log_format") == "json":
+                from teibatch.pipeline.progress import JsonLinesReporter
+
+                lines = JsonLinesReporter(sys.stderr)
+                lines.bind(context.meta.get("teibatch.run_id"))
+                lines.emit("error", "error", error=type(exc).__name__, exit_code=exc.exit_code, message=str(exc))
+            else:
+                click.secho(f"error: {exc}", fg="red", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             exit_interrupted()
@@ -67,39 +76,64 @@ _set_option = click.option(
               help="Print only the summary and errors.")
 @click.option("--fail-on-rejects", is_flag=True, envvar="TEIBATCH_FAIL_ON_REJECTS",
               help="Exit 1 when any document was rejected.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the run report (runs/<id>.json) on stdout, however the run ended; all else goes to stderr.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="TEIBATCH_LOG_FORMAT",
+              show_default=True, help="json: one JSON object a line on stderr (time, level, event, run_id, fields).")
+@click.option("--metrics-push", metavar="URL", envvar="TEIBATCH_METRICS_PUSH",
+              help="Push the run's metrics to this Prometheus Pushgateway during the run and at its end.")
+@click.option("--metrics-textfile", metavar="PATH", envvar="TEIBATCH_METRICS_TEXTFILE",
+              help="Write the run's metrics to PATH for node-exporter's textfile collector.")
 @_handle_errors
-def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quiet: bool,
-        fail_on_rejects: bool) -> None:
+def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quiet: bool, fail_on_rejects: bool,
+        as_json: bool, log_format: str, metrics_push: str | None, metrics_textfile: str | None) -> None:
     """Run the job in JOB_FILE; run the same command again to resume a run that stopped.
 
     \b
-    Exit codes: 0 done · 1 not finished (the same command resumes) · 2 job file or options wrong.
+    Exit codes: 0 done · 1 not finished (the same command resumes) · 2 job file or options wrong
+    · 3 refused by the servers or the output · 4 another run is writing this output.
 
     \b
     Examples:
       teibatch run jobs/quickstart.yaml
       teibatch run job.yaml --set servers.count=4 --set corpus.shard_docs=2000
       RAY_ADDRESS=ray://head:10001 teibatch run job.yaml
+      teibatch run nightly.yaml --log-format json --metrics-push http://127.0.0.1:9091
     """
     from teibatch.job import load_job
     from teibatch.pipeline import reporter_for, run_job
+    from teibatch.pipeline.progress import JsonLinesReporter, JsonLogHandler, ReportCapture, Reporter, Reporters
+    from teibatch.pipeline.summary import new_run_id
 
+    run_id = click.get_current_context().meta["teibatch.run_id"] = new_run_id()
+    shown = reporter_for(sys.stderr, quiet=quiet, log_format=log_format)
+    shown.bind(run_id)
+    if isinstance(shown, JsonLinesReporter):
+        logging.getLogger().handlers = [JsonLogHandler(shown)]
     job = load_job(job_file, list(overrides))
-    reporter = reporter_for(sys.stderr, quiet=quiet)
-    summary = run_job(job, ray_address=ray_address, reporter=reporter)
+    capture = ReportCapture()
+    listeners: list[Reporter] = [shown, capture]
+    if metrics_push or metrics_textfile:
+        from teibatch.pipeline.metrics import MetricsReporter
+
+        listeners.append(MetricsReporter(job.name, push_url=metrics_push, textfile=metrics_textfile))
+    try:
+        summary = run_job(job, ray_address=ray_address, reporter=Reporters(*listeners), run_id=run_id)
+    finally:
+        if as_json and capture.report is not None:
+            click.echo(orjson.dumps(capture.report, option=orjson.OPT_INDENT_2).decode())
     report = summary.to_json()
     docs = report["documents"]
-    reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
-    click.echo(f"done: {docs['embedded']:,} documents embedded, {docs['rejected']:,} rejected"
-               + (f" ({reasons})" if reasons else "")
-               + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
-               + f"; {report['timings'].get('total_s', 0):.1f}s"
-               + (f", {report['throughput_docs_per_s']:,.0f} docs/s" if report["throughput_docs_per_s"] else ""))
-    click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
+    if not as_json:
+        reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
+        click.echo(f"done: {docs['embedded']:,} documents embedded, {docs['rejected']:,} rejected"
+                   + (f" ({reasons})" if reasons else "")
+                   + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
+                   + f"; {report['timings'].get('total_s', 0):.1f}s"
+                   + (f", {report['throughput_docs_per_s']:,.0f} docs/s" if report["throughput_docs_per_s"] else ""))
+        click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
     if fail_on_rejects and docs["rejected"]:
-        click.secho(f"error: {docs['rejected']} documents were rejected (see {job.output.path}/rejects)",
-                    fg="red", err=True)
-        sys.exit(EXIT_INCOMPLETE)
+        raise RejectsFound(f"{docs['rejected']} documents were rejected (see {job.output.path}/rejects)")
 
 
 @main.command()
@@ -158,6 +192,9 @@ def status(output: str, as_json: bool) -> None:
                        + (f" ({shards['stale']} stale, removed when a run finishes)" if shards["stale"] else "")),
             ("vectors", f"{docs['vectors']:,}"), ("rejects", f"{docs['rejects']:,}"),
             ("last run", f"{last.get('run_id')} {last.get('status')}" if last else "-")]
+    if writing := state["writing"]:
+        rows.append(("writing now", f"run {writing['run_id']} (pid {writing['pid']} on {writing['host']}, "
+                                    f"heartbeat {writing['heartbeat_at']})"))
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", str(value))
     Console().print(table)

@@ -23,6 +23,7 @@ The hierarchy::
     │   ├── OutputLocked        another run is writing this output; this one did nothing (exit code 4)
     │   └── LockLost            another run took the output's lock over mid-run (exit code 4)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
+    ├── RejectsFound            --fail-on-rejects and some documents were rejected (exit code 1)
     ├── RayUnavailable          Ray could not be started or joined (exit code 1)
     └── FleetError              servers could not be launched, reached or destroyed
         ├── CapacityUnavailable no server could be started or none stayed healthy
@@ -244,6 +245,12 @@ class LockLost(SinkError):
 
 class RunIncomplete(TeibatchError):
     """Some shards were not committed; run the same command again to finish them."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class RejectsFound(TeibatchError):
+    """``run --fail-on-rejects``: the run finished, but some documents were rejected (see ``rejects/``)."""
 
     exit_code = EXIT_INCOMPLETE
 

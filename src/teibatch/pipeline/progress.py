@@ -1,11 +1,20 @@
-"""Progress on long runs: a live bar on a terminal, plain timestamped lines for cron and logs."""
+"""Progress on long runs: a live bar on a terminal, plain timestamped lines for cron and logs,
+JSON lines for machines; reporters fan out (the run report and the metrics listen the same way).
+
+Every event has a name (``event``) and fields: ``message`` events carry what a person reads, and
+``advance`` carries the shard that just finished (``shard``, ``status``: committed, failed or not
+committed, ``rows``, ``rejects``). ``finish`` receives the run's final report (``runs/<id>.json``).
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
-from typing import IO, Protocol
+from datetime import UTC, datetime
+from typing import IO, Any, Protocol
 
+import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
@@ -15,15 +24,20 @@ PLAIN_INTERVAL_S = 10.0
 class Reporter(Protocol):
     """Receives the run's milestones; the pipeline never prints by itself."""
 
-    def message(self, text: str) -> None: ...
+    def bind(self, run_id: str) -> None: ...
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None: ...
     def start(self, shards: int, documents: int) -> None: ...
-    def advance(self, shards: int, documents: int) -> None: ...
+    def advance(self, shards: int, documents: int, **fields: Any) -> None: ...
     def stop(self) -> None: ...
+    def finish(self, report: dict[str, Any]) -> None: ...
 
 
-def reporter_for(stream: IO[str] | None = None, *, quiet: bool = False) -> Reporter:
-    """A live display when ``stream`` is a terminal, plain lines otherwise, nothing when ``quiet``."""
+def reporter_for(stream: IO[str] | None = None, *, quiet: bool = False, log_format: str = "text") -> Reporter:
+    """JSON lines with ``log_format="json"``; else a live display on a terminal, plain lines
+    elsewhere, nothing when ``quiet``."""
     stream = stream or sys.stderr
+    if log_format == "json":
+        return JsonLinesReporter(stream)
     if quiet:
         return SilentReporter()
     if stream.isatty():
@@ -32,13 +46,119 @@ def reporter_for(stream: IO[str] | None = None, *, quiet: bool = False) -> Repor
 
 
 class SilentReporter:
-    def message(self, text: str) -> None: ...
+    """Hears everything, says nothing; the base of the others (each overrides what it shows)."""
+
+    def bind(self, run_id: str) -> None: ...
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None: ...
     def start(self, shards: int, documents: int) -> None: ...
-    def advance(self, shards: int, documents: int) -> None: ...
+    def advance(self, shards: int, documents: int, **fields: Any) -> None: ...
     def stop(self) -> None: ...
+    def finish(self, report: dict[str, Any]) -> None: ...
 
 
-class LineReporter:
+class Reporters(SilentReporter):
+    """Several reporters as one: every event goes to each, in order."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def bind(self, run_id: str) -> None:
+        for reporter in self.reporters:
+            reporter.bind(run_id)
+
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
+        for reporter in self.reporters:
+            reporter.message(text, event=event, **fields)
+
+    def start(self, shards: int, documents: int) -> None:
+        for reporter in self.reporters:
+            reporter.start(shards, documents)
+
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
+        for reporter in self.reporters:
+            reporter.advance(shards, documents, **fields)
+
+    def stop(self) -> None:
+        for reporter in self.reporters:
+            reporter.stop()
+
+    def finish(self, report: dict[str, Any]) -> None:
+        for reporter in self.reporters:
+            reporter.finish(report)
+
+
+class JsonLinesReporter(SilentReporter):
+    """One JSON object a line for every event: time, level, event, run id, and the event's fields.
+
+    Meant for log collectors (``--log-format json``): every line parses alone and carries the run id.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.run_id: str | None = None
+        self._shards = self._documents = self._done_shards = self._done_documents = 0
+
+    def emit(self, event: str, level: str = "info", **fields: Any) -> None:
+        line = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "level": level, "event": event,
+                "run_id": self.run_id, **fields}
+        self.stream.write(orjson.dumps(line, default=str).decode() + "\n")
+        self.stream.flush()
+
+    def bind(self, run_id: str | None) -> None:
+        self.run_id = run_id
+
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
+        level = "warning" if event in WARNING_EVENTS else "info"
+        self.emit(event, level, message=text, **fields)
+
+    def start(self, shards: int, documents: int) -> None:
+        self._shards, self._documents = shards, documents
+        self.emit("embedding_started", shards=shards, documents=documents)
+
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
+        self._done_shards += shards
+        self._done_documents += documents
+        level = "info" if fields.get("status", "committed") == "committed" else "warning"
+        self.emit("shard_finished", level, **fields, shards_done=self._done_shards, shards_total=self._shards,
+                  documents_done=self._done_documents, documents_total=self._documents)
+
+    def finish(self, report: dict[str, Any]) -> None:
+        level = "info" if report.get("status") == "done" else "error"
+        self.emit("run_finished", level, status=report.get("status"), documents=report.get("documents"),
+                  shards=report.get("shards"), seconds=report.get("timings", {}).get("total_s"),
+                  errors=report.get("errors", [])[:5])
+
+
+class JsonLogHandler(logging.Handler):
+    """Python log records (fleet, client, warnings) as JSON lines through a :class:`JsonLinesReporter`,
+    so that with ``--log-format json`` every line of the run's log has the same shape and run id."""
+
+    def __init__(self, reporter: JsonLinesReporter) -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.reporter.emit("log", record.levelname.lower(), logger=record.name, message=record.getMessage())
+        except Exception:  # a log line must never break the run
+            self.handleError(record)
+
+
+class ReportCapture(SilentReporter):
+    """Keeps the final report it is given, whatever way the run ended (for ``run --json``)."""
+
+    def __init__(self) -> None:
+        self.report: dict[str, Any] | None = None
+
+    def finish(self, report: dict[str, Any]) -> None:
+        self.report = report
+
+
+# Events that tell of something going wrong (the JSON lines mark them as warnings).
+WARNING_EVENTS = frozenset({"server_fault", "shard_failed", "shard_not_committed", "lock_taken_over"})
+
+
+class LineReporter(SilentReporter):
     """One line per milestone and at most one progress line every ``interval`` seconds."""
 
     def __init__(self, stream: IO[str], interval: float = PLAIN_INTERVAL_S) -> None:
@@ -50,7 +170,7 @@ class LineReporter:
     def _print(self, text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {text}", file=self.stream, flush=True)
 
-    def message(self, text: str) -> None:
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
         self._print(text)
 
     def start(self, shards: int, documents: int) -> None:
@@ -58,7 +178,7 @@ class LineReporter:
         self._started = self._last = time.monotonic()
         self._print(f"embedding {documents:,} documents in {shards:,} shards")
 
-    def advance(self, shards: int, documents: int) -> None:
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
         self._done_shards += shards
         self._done_documents += documents
         now = time.monotonic()
@@ -70,10 +190,8 @@ class LineReporter:
             self._print(f"shards {self._done_shards}/{self._shards}, documents "
                         f"{self._done_documents:,}/{self._documents:,}, {rate:,.0f} docs/s{eta}")
 
-    def stop(self) -> None: ...
 
-
-class LiveReporter:
+class LiveReporter(SilentReporter):
     """A rich progress bar: documents, docs/s, shards done and time remaining."""
 
     def __init__(self, stream: IO[str]) -> None:
@@ -86,7 +204,7 @@ class LiveReporter:
         self._shards = self._done_shards = 0
         self._started = time.monotonic()
 
-    def message(self, text: str) -> None:
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
         self.console.print(text, highlight=False, markup=False)
 
     def start(self, shards: int, documents: int) -> None:
@@ -95,7 +213,7 @@ class LiveReporter:
         self.progress.start()
         self._task = self.progress.add_task("embed", total=documents, rate="-", shards=f"0/{shards}")
 
-    def advance(self, shards: int, documents: int) -> None:
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
         if self._task is None:
             return
         self._done_shards += shards

@@ -28,7 +28,7 @@ from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
-from teibatch.pipeline.progress import Reporter, SilentReporter
+from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_session, provider_for
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
@@ -39,7 +39,7 @@ from teibatch.pipeline.senders import (
     stop_senders,
 )
 from teibatch.pipeline.shard import ShardOutcome, shard_task
-from teibatch.pipeline.summary import RunSummary, new_run_id
+from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -66,10 +66,15 @@ MAX_SHARDS_PER_TASK = 16
 TASKS_ADDED_PER_FINISH = 2
 
 
-def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None) -> RunSummary:
-    """Run ``job`` to completion; raise :class:`RunIncomplete` (after writing the report) if shards remain."""
-    reporter = reporter or SilentReporter()
-    summary = RunSummary(run_id=new_run_id())
+def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None,
+            run_id: str | None = None) -> RunSummary:
+    """Run ``job`` to completion; raise :class:`RunIncomplete` (after writing the report) if shards remain.
+
+    ``run_id``: this run's id when the caller made it (to name the run in its logs from the first line).
+    """
+    summary = RunSummary(run_id=run_id or new_run_id())
+    reporter = Reporters(SummaryRecorder(summary), reporter or SilentReporter())
+    reporter.bind(summary.run_id)
     started = time.monotonic()
     store = OutputStore(job.output.path, job.output.storage_options)
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
@@ -79,7 +84,8 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
     try:
         if lock.took_over is not None:
-            reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone")
+            reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone",
+                             event="lock_taken_over", previous_run_id=lock.took_over.run_id)
         return _run_locked(job, ray_address, reporter, summary, started, store, provider, lock)
     finally:
         lock.release()
@@ -108,7 +114,8 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             crashpoint("plan")
             remove_uncommitted_temp(store)
             if summary.shards_skipped:
-                reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed")
+                reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
+                                 event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
             interrupts.check()
             if pending:
                 # Ray starts in the background while the servers start; the senders wait for it.
@@ -136,7 +143,9 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             if manifest.planned:
                 manifest.save(store)
             summary.timings["total_s"] = time.monotonic() - started
-            save_report(store, summary.run_id, summary.to_json())
+            report = summary.to_json()
+            save_report(store, summary.run_id, report)
+            reporter.finish(report)
     if summary.corpus_errors:
         raise CorpusMismatch(f"{len(summary.corpus_errors)} shard(s) could not be read, the others are committed: "
                              f"{summary.corpus_errors[0]}; fix the file(s) and run the same command again")
@@ -176,7 +185,8 @@ def _open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Mani
     if manifest.fingerprint == fingerprint:
         return manifest
     if not any(entry.rows for entry in manifest.shards.values()):
-        reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options")
+        reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options",
+                         event="output_restarted")
         fresh = Manifest(fingerprint=fingerprint, job_name=job.name, runs=list(manifest.runs))
         remove_stale(store, fresh, live=set())
         return fresh
@@ -209,7 +219,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
     clock = time.monotonic()
     with fleet_session(job, provider, summary.run_id) as endpoints:
         interrupts.check()
-        reporter.message(f"{len(endpoints)} {provider.name} server(s) ready")
+        reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
+                         servers=len(endpoints), provider=provider.name)
         fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                         api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
         summary.timings["fleet_up_s"] = time.monotonic() - clock
@@ -339,7 +350,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
                 return
             if now >= news_due:
                 for line in sender_news(senders):
-                    reporter.message(line)
+                    reporter.message(line, event="server_fault")
                 news_due = now + NEWS_INTERVAL_S
             wait = min(NEWS_INTERVAL_S, deadline - now) if deadline is not None else NEWS_INTERVAL_S
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
@@ -368,8 +379,8 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         if isinstance(cause, CorpusMismatch):
             summary.corpus_errors.append(str(cause))
         summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
-        reporter.message(f"shard {shard.id} failed: {_cause(outcome)}")
-        reporter.advance(1, shard.size)
+        reporter.message(f"shard {shard.id} failed: {_cause(outcome)}", event="shard_failed", shard=shard.id)
+        reporter.advance(1, shard.size, shard=shard.id, status="failed")
         return
     if not outcome.committable:
         summary.shards_failed += 1
@@ -377,14 +388,14 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         message = (f"shard {shard.id}: {outcome.unfinished} document(s) failed on the servers "
                    f"({outcome.unfinished_detail}); not committed, the same command sends them again")
         summary.errors.append(message)
-        reporter.message(message)
-        reporter.advance(1, shard.size)
+        reporter.message(message, event="shard_not_committed", shard=shard.id, unfinished=outcome.unfinished)
+        reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
     manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
     manifest.save(store)
     crashpoint("commit")
     summary.add(outcome)
-    reporter.advance(1, shard.size)
+    reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows, rejects=outcome.rejects)
 
 
 def _cause(exc: BaseException) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from teibatch import __version__
+from teibatch.pipeline.progress import SilentReporter
 from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb
 
 
@@ -33,6 +35,9 @@ class RunSummary:
     errors: list[str] = field(default_factory=list)
     corpus_errors: list[str] = field(default_factory=list)
     unfinished: int = 0
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rejected_total(self) -> int:
@@ -63,7 +68,33 @@ class RunSummary:
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,
+            "started_at": self.started_at, "progress": self.progress, "events": self.events,
         }
+
+
+class SummaryRecorder(SilentReporter):
+    """Writes what the run reports into its summary: every event, and progress after every shard.
+
+    ``progress`` holds one point per finished shard (seconds since the run began, shards and
+    documents done), ``events`` every message with its name: the run report's timeline.
+    """
+
+    def __init__(self, summary: RunSummary) -> None:
+        self.summary = summary
+        self._clock = time.monotonic()
+        self._shards = self._documents = 0
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self._clock, 3)
+
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
+        self.summary.events.append({"t": self._now(), "event": event, "message": text, **fields})
+
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
+        self._shards += shards
+        self._documents += documents
+        self.summary.progress.append({"t": self._now(), "shards": self._shards, "documents": self._documents,
+                                      **fields})
 
 
 def new_run_id() -> str:

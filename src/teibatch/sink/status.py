@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from teibatch.errors import SinkError
+from teibatch.sink.lock import OutputLock
 from teibatch.sink.manifest import MANIFEST, Manifest
 from teibatch.sink.report import latest_report
 from teibatch.sink.store import OutputStore
 
 
 def output_status(store: OutputStore) -> dict[str, Any]:
-    """Shards planned / committed / pending, vectors and rejects in the current view, the last run."""
+    """Shards planned / committed / pending, vectors and rejects in the current view, the last run, and
+    the run writing it now (``writing``: the holder of its lock, else ``None``)."""
     manifest = Manifest.load(store)
     if manifest is None:
         raise SinkError(f"{store.url} has no {MANIFEST}: no run has written there yet")
     committed = [sid for sid in manifest.planned if sid in manifest.shards]
     report = latest_report(store) or {}
+    holder = OutputLock(store, "").holder()
     return {
         "output": store.url,
         "job": manifest.job_name,
@@ -29,4 +33,5 @@ def output_status(store: OutputStore) -> dict[str, Any]:
         "runs": len(manifest.runs),
         "last_run": {key: report.get(key) for key in ("run_id", "status", "documents", "timings", "errors")}
         if report else None,
+        "writing": asdict(holder) if holder is not None else None,
     }
