@@ -4,44 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
 
 import click
 import orjson
 
 from teibatch import __version__
-from teibatch.entry import exit_interrupted
-from teibatch.errors import RejectsFound, TeibatchError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _handle_errors(command: F) -> F:
-    """Turn a :class:`TeibatchError` into its exit code and a one-line message (a traceback with --debug)."""
-
-    @wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except TeibatchError as exc:
-            context = click.get_current_context()
-            if context.find_root().params.get("debug"):
-                raise
-            if context.params.get("log_format") == "json":
-                from teibatch.pipeline.progress import JsonLinesReporter
-
-                lines = JsonLinesReporter(sys.stderr)
-                lines.bind(context.meta.get("teibatch.run_id"))
-                lines.emit("error", "error", error=type(exc).__name__, exit_code=exc.exit_code, message=str(exc))
-            else:
-                click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            exit_interrupted()
-
-    return wrapper  # type: ignore[return-value]
+from teibatch.cli_errors import handle_errors
+from teibatch.errors import RejectsFound
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -84,7 +53,7 @@ _set_option = click.option(
               help="Push the run's metrics to this Prometheus Pushgateway during the run and at its end.")
 @click.option("--metrics-textfile", metavar="PATH", envvar="TEIBATCH_METRICS_TEXTFILE",
               help="Write the run's metrics to PATH for node-exporter's textfile collector.")
-@_handle_errors
+@handle_errors
 def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quiet: bool, fail_on_rejects: bool,
         as_json: bool, log_format: str, metrics_push: str | None, metrics_textfile: str | None) -> None:
     """Run the job in JOB_FILE; run the same command again to resume a run that stopped.
@@ -139,7 +108,7 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @_set_option
-@_handle_errors
+@handle_errors
 def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     """Check JOB_FILE and its corpus, and print the job with every default filled in; launches nothing.
 
@@ -165,7 +134,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 @main.command()
 @click.argument("output")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-@_handle_errors
+@handle_errors
 def status(output: str, as_json: bool) -> None:
     """Show an output's state: shards committed and pending, vectors, rejects, the last run.
 
@@ -203,9 +172,10 @@ def status(output: str, as_json: bool) -> None:
 def _register_commands() -> None:
     from teibatch.cli_fleet import fleet, gpus
     from teibatch.cli_plan import plan
+    from teibatch.cli_report import report
     from teibatch.server.cli import serve
 
-    for command in (serve, gpus, fleet, plan):
+    for command in (serve, gpus, fleet, plan, report):
         main.add_command(command)
 
 

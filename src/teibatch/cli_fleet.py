@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 import orjson
 
+from teibatch.cli_errors import handle_errors
 from teibatch.errors import EXIT_INCOMPLETE
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def _json(data: object) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@handle_errors
 def gpus(as_json: bool) -> None:
     """The TEI image for each GPU architecture, and each GPU of the catalog: memory, compute
     capability, image, and whether teibatch launches it (supported, experimental, refused and why).
@@ -80,6 +82,7 @@ def fleet() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Also list instances already destroyed.")
 @_state_dir
+@handle_errors
 def list_(as_json: bool, show_all: bool, state_dir: str | None) -> None:
     """List the instances in the ledger that are not destroyed (with --all: every instance), and every
     teibatch instance the GPU clouds your runs used still list (asked through their APIs).
@@ -120,6 +123,7 @@ def list_(as_json: bool, show_all: bool, state_dir: str | None) -> None:
 @click.option("--force", is_flag=True, help="Sweep runs whose driver still seems to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_state_dir
+@handle_errors
 def sweep(dry_run: bool, waive_export: bool, run_id: str | None, force: bool, as_json: bool,
           state_dir: str | None) -> None:
     """Remove the containers, export the volumes, and destroy the hosts of every run the ledger shows

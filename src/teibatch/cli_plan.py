@@ -5,13 +5,13 @@ Registered by ``teibatch.cli`` (``main.add_command(plan)``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
-from teibatch.errors import JobSpecError, TeibatchError
+from teibatch.cli_errors import handle_errors
+from teibatch.errors import JobSpecError
 
 
 def _bench(value: str | None) -> float | None:
@@ -38,6 +38,7 @@ def _bench(value: str | None) -> float | None:
               help="Measured tokens/s of one card (a number, or a JSON file with tokens_per_s); "
                    "default: the figures in configs/clouds.yaml.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
 def plan(job_file: str, overrides: tuple[str, ...], bench: str | None, as_json: bool) -> None:
     """Plan JOB_FILE without running it: shards, documents, tokens, and for a GPU cloud the cards it may
     rent with today's prices, throughput, GPU-hours and cost (rounded up by the cloud's billing rule).
@@ -51,12 +52,8 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: str | None, as_json: 
     from teibatch.job import load_job
     from teibatch.pipeline.plan import check_cost_limit, estimate_run
 
-    try:
-        job = load_job(job_file, list(overrides))
-        estimate = estimate_run(job, bench_tokens_per_s=_bench(bench))
-    except TeibatchError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(exc.exit_code)
+    job = load_job(job_file, list(overrides))
+    estimate = estimate_run(job, bench_tokens_per_s=_bench(bench))
     if as_json:
         click.echo(orjson.dumps(estimate.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
@@ -84,8 +81,4 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: str | None, as_json: 
                 click.echo(f"  refused {label}: {reason}")
             cost = estimate.cost
             click.echo(f"cost: ${cost:.2f} (the cheapest card)" if cost is not None else "cost: unknown")
-    try:
-        check_cost_limit(job, estimate)
-    except JobSpecError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(exc.exit_code)
+    check_cost_limit(job, estimate)
