@@ -85,6 +85,12 @@ def test_full_job_rents_embeds_exports_and_gives_back(fake_lambda: FakeLambda, h
     entry = record["instances"][name]
     assert entry["state"] == "destroyed" and entry["cloud_id"] == fake_lambda.terminates[0]
     assert next(s["state"] for s in entry["steps"]) == "requested"
+    # The report says what the card cost: the quoted price, for its time rounded up to Lambda's minute.
+    cost = summary.to_json()["cost"]
+    [card] = cost["instances"]
+    assert card["name"] == name and card["price_per_hour"] == entry["price_per_hour"] > 0
+    assert card["billed_seconds"] >= 60 and card["billed_seconds"] % 60 == 0
+    assert cost["total"] == pytest.approx(card["price_per_hour"] * card["billed_seconds"] / 3600, abs=1e-4)
     # No secret anywhere: the cloud's key, the run's TEI key, the SSH private key.
     tei_key = host.standin.api_key()
     assert tei_key

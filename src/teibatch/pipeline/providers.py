@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from teibatch.endpoint import Endpoint
-from teibatch.errors import JobSpecError
+from teibatch.errors import FleetError, JobSpecError
 from teibatch.fleet import (
     ExportPlan,
     LaunchSpec,
@@ -24,8 +25,11 @@ from teibatch.fleet import (
     read_inventory,
     session,
 )
+from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.cost import run_cost
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
 from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin
+from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import GpuWant
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.job import JobSpec, SshHostSection
@@ -183,3 +187,15 @@ def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractCont
                       import_from=export.import_from, export_to=to)
     return session(provider, spec, ExportPlan(to=to, waive=export.waive, timeout=export.timeout,
                                               storage_options=dict(export.storage_options)))
+
+
+def rented_cost(provider: Provider, run_id: str) -> dict[str, Any] | None:
+    """What the instances this run rented cost (``fleet/cost.py``), for a provider that rents; else ``None``."""
+    ledger = getattr(provider, "ledger", None)
+    rule = billing_rules().get(provider.name)
+    if not isinstance(ledger, Ledger) or rule is None:
+        return None
+    try:
+        return run_cost(ledger, run_id, rule)
+    except FleetError:  # an unreadable ledger costs the report its cost section, not the run
+        return None

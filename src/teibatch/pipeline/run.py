@@ -29,7 +29,7 @@ from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
-from teibatch.pipeline.providers import fleet_session, provider_for
+from teibatch.pipeline.providers import fleet_session, provider_for, rented_cost
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
@@ -217,32 +217,35 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
     if supports(provider, Capability.SWEEP):
         ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
     clock = time.monotonic()
-    with fleet_session(job, provider, summary.run_id) as endpoints:
-        interrupts.check()
-        reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
-                         servers=len(endpoints), provider=provider.name)
-        fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
-                        api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
-        summary.timings["fleet_up_s"] = time.monotonic() - clock
-        _check_same_vectors(manifest, fleet, store)
-        manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
-                         "servers": [s.info.to_json() for s in fleet.servers]}
-        ray_start.wait()
-        reinstall(interrupts)
-        interrupts.check()
-        plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
-                             embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
-                             api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
-                             max_retries=job.client.max_retries)
-        clock = time.monotonic()  # the senders' start counts: the servers wait for it
-        senders = start_senders(plans)
-        try:
-            reporter.start(len(pending), sum(s.size for s in pending))
-            _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
-                      job, interrupts)
-            summary.timings["embed_s"] = time.monotonic() - clock
-        finally:
-            summary.servers = stop_senders(senders)
+    try:
+        with fleet_session(job, provider, summary.run_id) as endpoints:
+            interrupts.check()
+            reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
+                             servers=len(endpoints), provider=provider.name)
+            fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
+                            api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
+            summary.timings["fleet_up_s"] = time.monotonic() - clock
+            _check_same_vectors(manifest, fleet, store)
+            manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
+                             "servers": [s.info.to_json() for s in fleet.servers]}
+            ray_start.wait()
+            reinstall(interrupts)
+            interrupts.check()
+            plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
+                                 embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
+                                 api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
+                                 max_retries=job.client.max_retries)
+            clock = time.monotonic()  # the senders' start counts: the servers wait for it
+            senders = start_senders(plans)
+            try:
+                reporter.start(len(pending), sum(s.size for s in pending))
+                _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
+                          job, interrupts)
+                summary.timings["embed_s"] = time.monotonic() - clock
+            finally:
+                summary.servers = stop_senders(senders)
+    finally:
+        summary.cost = rented_cost(provider, summary.run_id)  # after teardown: the instances' whole time
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:

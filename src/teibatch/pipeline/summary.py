@@ -38,6 +38,7 @@ class RunSummary:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     progress: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] | None = None  # what the rented instances cost, when the provider rents
 
     @property
     def rejected_total(self) -> int:
@@ -69,6 +70,7 @@ class RunSummary:
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
+            **({"cost": self.cost} if self.cost is not None else {}),
         }
 
 
