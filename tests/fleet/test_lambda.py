@@ -91,6 +91,11 @@ def test_full_job_rents_embeds_exports_and_gives_back(fake_lambda: FakeLambda, h
     assert card["name"] == name and card["price_per_hour"] == entry["price_per_hour"] > 0
     assert card["billed_seconds"] >= 60 and card["billed_seconds"] % 60 == 0
     assert cost["total"] == pytest.approx(card["price_per_hour"] * card["billed_seconds"] / 3600, abs=1e-4)
+    # ...and the timeline of the card, from the ledger, among the run's events.
+    steps = [e for e in summary.to_json()["events"] if e.get("instance") == name]
+    assert [e["event"] for e in steps] == [f"instance_{s['state']}" for s in entry["steps"]]
+    assert steps[0]["event"] == "instance_requested" and steps[-1]["event"] == "instance_destroyed"
+    assert all(-1 <= e["t"] <= summary.timings["total_s"] + 1 for e in steps)
     # No secret anywhere: the cloud's key, the run's TEI key, the SSH private key.
     tei_key = host.standin.api_key()
     assert tei_key

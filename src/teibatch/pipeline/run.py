@@ -29,7 +29,7 @@ from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
-from teibatch.pipeline.providers import fleet_session, provider_for, rented_cost
+from teibatch.pipeline.providers import fleet_events, fleet_session, provider_for, rented_cost
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
@@ -244,8 +244,10 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 summary.timings["embed_s"] = time.monotonic() - clock
             finally:
                 summary.servers = stop_senders(senders)
-    finally:
-        summary.cost = rented_cost(provider, summary.run_id)  # after teardown: the instances' whole time
+    finally:  # after teardown: the instances' whole time
+        summary.cost = rented_cost(provider, summary.run_id)
+        summary.events = sorted(summary.events + fleet_events(provider, summary.run_id, summary.started_at),
+                                key=lambda event: event["t"])
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:

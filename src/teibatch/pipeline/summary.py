@@ -35,7 +35,7 @@ class RunSummary:
     errors: list[str] = field(default_factory=list)
     corpus_errors: list[str] = field(default_factory=list)
     unfinished: int = 0
-    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
     progress: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     cost: dict[str, Any] | None = None  # what the rented instances cost, when the provider rents
