@@ -116,3 +116,14 @@ def test_the_run_command_writes_its_metrics_textfile(tmp_path: Path, ray_address
                for family in text_string_to_metric_families(textfile.read_text()) for s in family.samples}
     assert samples[("teibatch_run_documents", (("outcome", "embedded"), ("teibatch_job", "json-test")))] == 40
     assert ("teibatch_last_success_timestamp_seconds", (("teibatch_job", "json-test"),)) in samples
+
+
+@pytest.mark.timeout(120)
+def test_bench_json_matches_its_schema(tmp_path: Path) -> None:
+    from teibatch.server.testing import running_server
+
+    with running_server(max_client_batch_size=8, max_concurrent_requests=16, simulate_gpu=50_000) as url:
+        done = teibatch("bench", "--urls", url, "--words", "20", "--max-settings", "2", "--seconds-per-setting", "1",
+                        "--no-chart", "--json")
+    assert done.returncode == 0, done.stderr
+    check(orjson.loads(done.stdout), "bench")

@@ -170,12 +170,13 @@ def status(output: str, as_json: bool) -> None:
 
 
 def _register_commands() -> None:
+    from teibatch.cli_bench import bench
     from teibatch.cli_fleet import fleet, gpus
     from teibatch.cli_plan import plan
     from teibatch.cli_report import report
     from teibatch.server.cli import serve
 
-    for command in (serve, gpus, fleet, plan, report):
+    for command in (serve, gpus, fleet, plan, report, bench):
         main.add_command(command)
 
 

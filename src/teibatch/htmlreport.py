@@ -3,7 +3,7 @@
 The page is a single file: inline CSS and SVG charts drawn here, no script, no font, no request of
 any kind, so it opens offline and can be attached to a ticket. A Content-Security-Policy tag forbids
 everything else as a second line of defence; the first is that every value taken from the report or
-the rejects parts (ids, details, server URLs, messages) goes through :func:`_e`.
+the rejects parts (ids, details, server URLs, messages) goes through :func:`teibatch.svgdraw.escape`.
 
 Reports written by older versions lack some keys (``started_at``, ``progress``, ``events``): their
 sections say what is missing instead of failing, and no key is ever assumed present.
@@ -11,7 +11,6 @@ sections say what is missing instead of failing, and no key is ever assumed pres
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any
 
@@ -21,6 +20,7 @@ import pyarrow.parquet as pq
 from teibatch.errors import JobSpecError, SinkError
 from teibatch.pipeline.progress import WARNING_EVENTS
 from teibatch.sink import REJECTS_DIR, RUNS_DIR, Manifest, OutputStore
+from teibatch.svgdraw import CHART_WIDTH, CSS, as_number, element, escape, nice_ceiling, plain, svg, table
 
 DEFAULT_EXAMPLES_PER_REASON = 3
 DEFAULT_MAX_REJECT_PARTS = 200
@@ -28,7 +28,6 @@ DEFAULT_MAX_REJECT_PARTS = 200
 MAX_LINE_POINTS = 800
 MAX_EVENT_ROWS = 500
 DETAIL_CHARS = 300
-CHART_WIDTH = 760
 BAD_STATUSES = frozenset({"failed", "not_committed"})
 STATUS_COLOURS = {"done": "#1a7f37", "incomplete": "#9a6700", "interrupted": "#9a6700", "failed": "#cf222e"}
 SERIES_COLOURS = ("#0969da", "#8250df")
@@ -129,9 +128,9 @@ def render_page(report: dict[str, Any], examples: dict[str, list[tuple[str, str]
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             f"style-src 'unsafe-inline'; img-src data:\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>teibatch run {_e(run_id)}</title><style>{CSS}</style></head><body><main>"
+            f"<title>teibatch run {escape(run_id)}</title><style>{CSS}</style></head><body><main>"
             + "".join(part for part in sections if part)
-            + f"<footer>Run report of teibatch {_e(version)} ({RUNS_DIR}/{_e(run_id)}.json), "
+            + f"<footer>Run report of teibatch {escape(version)} ({RUNS_DIR}/{escape(run_id)}.json), "
               "drawn by <code>teibatch report</code>.</footer></main></body></html>\n")
 
 
@@ -139,25 +138,26 @@ def _headline(report: dict[str, Any], output: str) -> str:
     status = str(report.get("status", "unknown"))
     docs, shards, timings = _d(report.get("documents")), _d(report.get("shards")), _d(report.get("timings"))
     progress = _l(report.get("progress"))
-    duration = _n(timings.get("total_s"))
+    duration = as_number(timings.get("total_s"))
     if duration is None and progress:
-        duration = _n(_d(progress[-1]).get("t"))
+        duration = as_number(_d(progress[-1]).get("t"))
     shard_text = f"{_fmt(shards.get('committed'))} of {_fmt(shards.get('total'))}"
     shard_note = f"{_fmt(shards.get('skipped_committed'))} already done, {_fmt(shards.get('failed'))} failed"
-    cards = [("Status", _e(status), ""), ("Embedded", _fmt(docs.get("embedded")), "documents"),
+    cards = [("Status", escape(status), ""), ("Embedded", _fmt(docs.get("embedded")), "documents"),
              ("Rejected", _fmt(docs.get("rejected")), "documents"),
              ("Skipped unchanged", _fmt(docs.get("skipped_unchanged")), "documents"),
              ("Read", _fmt(docs.get("read")), "documents"),
              ("Waiting for servers", _fmt(docs.get("waiting_for_servers")), "documents"),
-             ("Shards committed", shard_text, shard_note), ("Duration", _e(_duration(duration)), ""),
+             ("Shards committed", shard_text, shard_note), ("Duration", escape(_duration(duration)), ""),
              ("Throughput", _fmt(report.get("throughput_docs_per_s")), "documents/s while embedding")]
     colour = STATUS_COLOURS.get(status, "#57606a")
-    head = (f"<header><h1>teibatch run <code>{_e(report.get('run_id', '?'))}</code> "
-            f"<span class=\"badge\" style=\"background:{colour}\">{_e(status)}</span></h1>"
-            f"<p>output <code>{_e(output or '?')}</code> · started {_e(report.get('started_at', 'at an unknown time'))}"
-            f" · teibatch {_e(report.get('teibatch_version', '?'))}</p></header>")
+    head = (f"<header><h1>teibatch run <code>{escape(report.get('run_id', '?'))}</code> "
+            f"<span class=\"badge\" style=\"background:{colour}\">{escape(status)}</span></h1>"
+            f"<p>output <code>{escape(output or '?')}</code>"
+            f" · started {escape(report.get('started_at', 'at an unknown time'))}"
+            f" · teibatch {escape(report.get('teibatch_version', '?'))}</p></header>")
     grid = "".join(f"<div class=\"card\"><div class=\"k\">{k}</div><div class=\"v\">{v}</div>"
-                   f"<div class=\"n\">{_e(n)}</div></div>" for k, v, n in cards)
+                   f"<div class=\"n\">{escape(n)}</div></div>" for k, v, n in cards)
     return f"{head}<section id=\"summary\"><div class=\"cards\">{grid}</div></section>"
 
 
@@ -165,29 +165,32 @@ def _missing(report: dict[str, Any]) -> str:
     absent = [key for key in ("started_at", "progress", "events", "servers", "timings") if key not in report]
     if not absent:
         return ""
-    return (f"<p class=\"note\">This report has no {_e(', '.join(absent))}: it was written by teibatch "
-            f"{_e(report.get('teibatch_version', '(unknown version)'))}, before these were recorded. "
+    return (f"<p class=\"note\">This report has no {escape(', '.join(absent))}: it was written by teibatch "
+            f"{escape(report.get('teibatch_version', '(unknown version)'))}, before these were recorded. "
             "The sections below show what it has.</p>")
 
 
 def _progress(report: dict[str, Any]) -> str:
     title = "<section id=\"progress\"><h2>Documents over time</h2>"
     points = [_d(p) for p in _l(report.get("progress"))]
-    points = [p for p in points if _n(p.get("t")) is not None and _n(p.get("documents")) is not None]
+    points = [p for p in points
+              if as_number(p.get("t")) is not None and as_number(p.get("documents")) is not None]
     if not points:
         why = "has no progress points" if "progress" not in report else "recorded no finished shard"
         return f"{title}<p class=\"note\">This run {why}.</p></section>"
-    series = [("documents in finished shards", [(_n(p["t"]) or 0.0, _n(p["documents"]) or 0.0) for p in points])]
+    series = [("documents in finished shards",
+               [(as_number(p["t"]) or 0.0, as_number(p["documents"]) or 0.0) for p in points])]
     if any("rows" in p for p in points):
         rows, total = [], 0.0
         for p in points:
-            total += _n(p.get("rows")) or 0.0
-            rows.append((_n(p["t"]) or 0.0, total))
+            total += as_number(p.get("rows")) or 0.0
+            rows.append((as_number(p["t"]) or 0.0, total))
         series.append(("vectors written", rows))
-    bad = [(_n(p["t"]) or 0.0, _n(p["documents"]) or 0.0, f"shard {p.get('shard', '?')}: {p.get('status')}")
+    bad = [(as_number(p["t"]) or 0.0, as_number(p["documents"]) or 0.0,
+            f"shard {p.get('shard', '?')}: {p.get('status')}")
            for p in points if p.get("status") in BAD_STATUSES]
     note = (f"<p>{len(bad)} shard(s) not committed, marked in red.</p>" if bad else "")
-    end = _n(_d(report.get("timings")).get("total_s")) or 0.0
+    end = as_number(_d(report.get("timings")).get("total_s")) or 0.0
     chart = line_chart("progress", series, bad, "seconds since the run began", x_end=end)
     return f"{title}{chart}{note}</section>"
 
@@ -200,15 +203,15 @@ def _servers(report: dict[str, Any]) -> str:
     bars, rows = [], []
     for url, s in servers.items():
         rate = _ratio(s.get("inputs"), s.get("seconds"))
-        bars.append((url, rate or 0.0, f"{_plain(rate)} inputs/s"))
-        rows.append([_e(url), _fmt(s.get("requests")), _fmt(s.get("inputs")), _fmt(rate),
+        bars.append((url, rate or 0.0, f"{plain(rate)} inputs/s"))
+        rows.append([escape(url), _fmt(s.get("requests")), _fmt(s.get("inputs")), _fmt(rate),
                      _fmt(s.get("mean_inputs_per_request")), _fmt(s.get("max_in_flight")),
                      _fmt(s.get("mean_in_flight")), _percent(s.get("busy_share")), _fmt(s.get("window")),
                      _fmt(s.get("window_decreases"))])
     head = ["server", "requests", "inputs", "inputs/s", "mean inputs/request", "max in flight",
             "mean in flight", "busy share", "window", "window decreases"]
     return (f"{title}<p>Inputs per second of request time (inputs ÷ the sum of request seconds).</p>"
-            f"{bar_chart('throughput', bars)}{_table(head, rows)}</section>")
+            f"{bar_chart('throughput', bars)}{table(head, rows)}</section>")
 
 
 def _latency(report: dict[str, Any]) -> str:
@@ -219,14 +222,14 @@ def _latency(report: dict[str, Any]) -> str:
     for url, s in servers.items():
         mean = _ratio(s.get("seconds"), s.get("requests"))
         ms = None if mean is None else mean * 1000
-        errors = ", ".join(f"{kind}: {_plain(n)}" for kind, n in _d(s.get("errors")).items()) or "none"
-        bars.append((url, ms or 0.0, f"{_plain(ms)} ms"))
-        rows.append([_e(url), _fmt(s.get("requests")), _e(f"{_plain(ms)} ms"), _fmt(s.get("retries")),
-                     _e(errors), _fmt(s.get("marked_down"))])
+        errors = ", ".join(f"{kind}: {plain(n)}" for kind, n in _d(s.get("errors")).items()) or "none"
+        bars.append((url, ms or 0.0, f"{plain(ms)} ms"))
+        rows.append([escape(url), _fmt(s.get("requests")), escape(f"{plain(ms)} ms"), _fmt(s.get("retries")),
+                     escape(errors), _fmt(s.get("marked_down"))])
     head = ["server", "requests", "mean latency", "retries", "errors", "marked down"]
     return ("<section id=\"latency\"><h2>Latency and retries per server</h2>"
             "<p>Mean request latency: the sum of request seconds ÷ requests.</p>"
-            f"{bar_chart('latency', bars)}{_table(head, rows)}</section>")
+            f"{bar_chart('latency', bars)}{table(head, rows)}</section>")
 
 
 def _server_stats(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -235,45 +238,47 @@ def _server_stats(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _rejects(report: dict[str, Any], examples: dict[str, list[tuple[str, str]]], unread: int) -> str:
     title = "<section id=\"rejects\"><h2>Rejects by reason</h2>"
-    reasons = {str(k): _n(v) or 0.0 for k, v in _d(_d(report.get("documents")).get("rejected_by_reason")).items()}
+    reasons = {str(k): as_number(v) or 0.0
+               for k, v in _d(_d(report.get("documents")).get("rejected_by_reason")).items()}
     if not reasons:
         return f"{title}<p class=\"note\">No document was rejected.</p></section>"
-    bars = [(reason, count, _plain(count)) for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    bars = [(reason, count, plain(count)) for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])]
     rows = []
     for reason, count, _ in bars:
         found = examples.get(reason, [])
-        listed = "".join(f"<li><code>{_e(doc_id)}</code> {_e(_clip(detail, DETAIL_CHARS))}</li>"
+        listed = "".join(f"<li><code>{escape(doc_id)}</code> {escape(_clip(detail, DETAIL_CHARS))}</li>"
                          for doc_id, detail in found)
-        rows.append([_e(reason), _fmt(count), f"<ul>{listed}</ul>" if listed else "<em>none found</em>"])
+        rows.append([escape(reason), _fmt(count), f"<ul>{listed}</ul>" if listed else "<em>none found</em>"])
     note = (f"<p class=\"note\">{unread} rejects part(s) could not be read.</p>" if unread else "")
     return (f"{title}{bar_chart('rejects', bars, colour=TROUBLE_COLOUR)}"
             f"<p>Examples come from the output's <code>{REJECTS_DIR}/</code> parts (id, detail).</p>"
-            f"{_table(['reason', 'documents', 'examples'], rows)}{note}</section>")
+            f"{table(['reason', 'documents', 'examples'], rows)}{note}</section>")
 
 
 def _timeline(report: dict[str, Any]) -> str:
     title = "<section id=\"timeline\"><h2>Timeline</h2>"
     if "events" not in report:
         return f"{title}<p class=\"note\">This report has no events.</p></section>"
-    events = [e for e in map(_d, _l(report.get("events"))) if _n(e.get("t")) is not None]
+    events = [e for e in map(_d, _l(report.get("events"))) if as_number(e.get("t")) is not None]
     if not events:
         return f"{title}<p class=\"note\">No event was recorded.</p></section>"
-    end = max([_n(_d(report.get("timings")).get("total_s")) or 0.0] + [_n(e["t"]) or 0.0 for e in events])
+    end = max([as_number(_d(report.get("timings")).get("total_s")) or 0.0]
+              + [as_number(e["t"]) or 0.0 for e in events])
     rows = []
     for e in events[:MAX_EVENT_ROWS]:
         extra = _clip("; ".join(f"{k}={v}" for k, v in e.items() if k not in {"t", "event", "message"}),
                       DETAIL_CHARS)
         css = " class=\"bad\"" if e.get("event") in WARNING_EVENTS else ""
-        rows.append([_e(_plain(e["t"]) + " s"), f"<span{css}>{_e(e.get('event', '?'))}</span>",
-                     _e(e.get("message", "")), _e(extra)])
+        rows.append([escape(plain(e["t"]) + " s"), f"<span{css}>{escape(e.get('event', '?'))}</span>",
+                     escape(e.get("message", "")), escape(extra)])
     more = (f"<p>… and {len(events) - MAX_EVENT_ROWS} more events.</p>" if len(events) > MAX_EVENT_ROWS else "")
     return (f"{title}{timeline_chart(events, end)}"
-            f"{_table(['t', 'event', 'message', 'fields'], rows)}{more}</section>")
+            f"{table(['t', 'event', 'message', 'fields'], rows)}{more}</section>")
 
 
 def _errors(report: dict[str, Any]) -> str:
     errors = _l(report.get("errors"))
-    items = "".join(f"<li>{_e(error)}</li>" for error in errors)
+    items = "".join(f"<li>{escape(error)}</li>" for error in errors)
     body = f"<ul class=\"errors\">{items}</ul>" if errors else "<p>No errors.</p>"
     return f"<section id=\"errors\"><h2>Errors</h2>{body}</section>"
 
@@ -282,27 +287,28 @@ def _cost(report: dict[str, Any]) -> str:
     if "cost" not in report:
         return ""  # only reports of runs that rent servers carry a cost
     cost = _d(report["cost"])
-    rows = [[_e(i.get("name")), _e(i.get("gpu") or "–"), f"${_fmt(i.get('price_per_hour'))}/h",
+    rows = [[escape(i.get("name")), escape(i.get("gpu") or "–"), f"${_fmt(i.get('price_per_hour'))}/h",
              f"{_fmt(i.get('seconds'))} s", f"{_fmt(i.get('billed_seconds'))} s", f"${_fmt(i.get('cost'))}"]
             for i in map(_d, _l(cost.get("instances")))]
-    total = f"<p><strong>Total: ${_fmt(cost.get('total'))} {_e(cost.get('currency', ''))}</strong></p>"
-    source = f"<p class=\"note\">{_e(cost['source'])}</p>" if cost.get("source") else ""
-    table = _table(["instance", "GPU", "price", "rented", "billed", "cost"], rows)
-    return f"<section id=\"cost\"><h2>Cost</h2>{total}{table}{source}</section>"
+    total = f"<p><strong>Total: ${_fmt(cost.get('total'))} {escape(cost.get('currency', ''))}</strong></p>"
+    source = f"<p class=\"note\">{escape(cost['source'])}</p>" if cost.get("source") else ""
+    listing = table(["instance", "GPU", "price", "rented", "billed", "cost"], rows)
+    return f"<section id=\"cost\"><h2>Cost</h2>{total}{listing}{source}</section>"
 
 
 def _details(report: dict[str, Any]) -> str:
-    timings = {str(k): _n(v) for k, v in _d(report.get("timings")).items()}
+    timings = {str(k): as_number(v) for k, v in _d(report.get("timings")).items()}
     total = timings.get("total_s")
     order = {phase: i for i, phase in enumerate(TIMING_PHASES)}  # the order the run goes through them
-    rows = [[_e(k.removesuffix("_s")), _e(_duration(v)), _percent(None if not total or v is None else v / total)]
+    rows = [[escape(k.removesuffix("_s")), escape(_duration(v)),
+             _percent(None if not total or v is None else v / total)]
             for k, v in sorted(timings.items(), key=lambda kv: order.get(kv[0], len(order)))]
-    memory = [[_e(k), _fmt(v)] for k, v in _d(report.get("memory")).items()]
-    nodes = [[f"<code>{_e(k)}</code>", _fmt(v)] for k, v in _d(report.get("shards_per_node")).items()]
-    parts = [("Timings", _table(["phase", "time", "of total"], rows)),
-             ("Memory (MB)", _table(["process", "peak RSS"], memory)),
-             ("Shards per node", _table(["node", "shards"], nodes))]
-    body = "".join(f"<div><h3>{name}</h3>{table}</div>" for name, table in parts)
+    memory = [[escape(k), _fmt(v)] for k, v in _d(report.get("memory")).items()]
+    nodes = [[f"<code>{escape(k)}</code>", _fmt(v)] for k, v in _d(report.get("shards_per_node")).items()]
+    parts = [("Timings", table(["phase", "time", "of total"], rows)),
+             ("Memory (MB)", table(["process", "peak RSS"], memory)),
+             ("Shards per node", table(["node", "shards"], nodes))]
+    body = "".join(f"<div><h3>{name}</h3>{shown}</div>" for name, shown in parts)
     return f"<section id=\"details\"><h2>Details</h2><div class=\"cols\">{body}</div></section>"
 
 
@@ -317,12 +323,12 @@ def bar_chart(name: str, bars: list[tuple[str, float, str]], *, colour: str = SE
     parts = []
     for i, (label, value, shown) in enumerate(bars):
         y, width = 6 + i * row_h, room * max(0.0, value) / top
-        tip = _el("title", _e(f"{label}: {shown}"))
-        parts += [_el("text", _e(_clip(label, 44)) + tip, x=label_w - 8, y=y + 17, text_anchor="end"),
-                  _el("rect", tip, class_="mark", x=label_w, y=y + 4, width=max(width, 1.0), height=row_h - 8,
-                      fill=colour),
-                  _el("text", _e(shown), x=label_w + width + 6, y=y + 17)]
-    return _svg(name, 12 + len(bars) * row_h, parts)
+        tip = element("title", escape(f"{label}: {shown}"))
+        parts += [element("text", escape(_clip(label, 44)) + tip, x=label_w - 8, y=y + 17, text_anchor="end"),
+                  element("rect", tip, class_="mark", x=label_w, y=y + 4, width=max(width, 1.0),
+                          height=row_h - 8, fill=colour),
+                  element("text", escape(shown), x=label_w + width + 6, y=y + 17)]
+    return svg(name, 12 + len(bars) * row_h, parts)
 
 
 def line_chart(name: str, series: list[tuple[str, list[tuple[float, float]]]],
@@ -331,8 +337,8 @@ def line_chart(name: str, series: list[tuple[str, list[tuple[float, float]]]],
     marks with a tooltip (``(x, y, text)``)."""
     left, right, top, bottom, height = 70, 20, 28, 44, 320
     w, h = CHART_WIDTH - left - right, height - top - bottom
-    x_max = _nice(max([x_end, *(x for _, points in series for x, _ in points)]))
-    y_max = _nice(max([0.0, *(y for _, points in series for _, y in points)]))
+    x_max = nice_ceiling(max([x_end, *(x for _, points in series for x, _ in points)]))
+    y_max = nice_ceiling(max([0.0, *(y for _, points in series for _, y in points)]))
 
     def at(x: float, y: float) -> tuple[float, float]:
         return left + w * x / x_max, top + h - h * y / y_max
@@ -346,14 +352,15 @@ def line_chart(name: str, series: list[tuple[str, list[tuple[float, float]]]],
             last = y
         steps.append((max(x_end, steps[-1][0]), last))
         coords = " ".join("{:.1f},{:.1f}".format(*at(x, y)) for x, y in steps)
-        parts += [_el("polyline", _el("title", _e(legend)), class_="mark", fill="none", stroke=colour,
-                      stroke_width=2, points=coords),
-                  _el("rect", x=left + 10 + i * 240, y=8, width=12, height=4, fill=colour),
-                  _el("text", _e(legend), x=left + 28 + i * 240, y=14)]
+        parts += [element("polyline", element("title", escape(legend)), class_="mark", fill="none",
+                          stroke=colour, stroke_width=2, points=coords),
+                  element("rect", x=left + 10 + i * 240, y=8, width=12, height=4, fill=colour),
+                  element("text", escape(legend), x=left + 28 + i * 240, y=14)]
     for x, y, tip in marks[:MAX_LINE_POINTS]:
         cx, cy = at(x, y)
-        parts.append(_el("circle", _el("title", _e(tip)), class_="mark", cx=cx, cy=cy, r=4, fill=TROUBLE_COLOUR))
-    return _svg(name, height, parts)
+        parts.append(element("circle", element("title", escape(tip)), class_="mark", cx=cx, cy=cy, r=4,
+                             fill=TROUBLE_COLOUR))
+    return svg(name, height, parts)
 
 
 def timeline_chart(events: list[dict[str, Any]], end: float) -> str:
@@ -361,63 +368,36 @@ def timeline_chart(events: list[dict[str, Any]], end: float) -> str:
     events = events[:MAX_LINE_POINTS]
     lanes = {name: i for i, name in enumerate(dict.fromkeys(str(e.get("event", "?")) for e in events))}
     left, lane_h, top = 170, 24, 8
-    w, x_max, axis_y = CHART_WIDTH - left - 20, _nice(end), top + len(lanes) * lane_h + 4
+    w, x_max, axis_y = CHART_WIDTH - left - 20, nice_ceiling(end), top + len(lanes) * lane_h + 4
     parts = []
     for name, lane in lanes.items():
         y = top + lane * lane_h + lane_h / 2
-        parts += [_el("text", _e(_clip(name, 24)), x=left - 8, y=y + 4, text_anchor="end"),
-                  _el("line", class_="grid", x1=left, y1=y, x2=left + w, y2=y)]
+        parts += [element("text", escape(_clip(name, 24)), x=left - 8, y=y + 4, text_anchor="end"),
+                  element("line", class_="grid", x1=left, y1=y, x2=left + w, y2=y)]
     for i in range(5):
         x = left + w * i / 4
-        parts += [_el("line", class_="grid", x1=x, y1=top, x2=x, y2=axis_y),
-                  _el("text", _e(f"{_plain(x_max * i / 4)} s"), x=x, y=axis_y + 14, text_anchor="middle")]
+        parts += [element("line", class_="grid", x1=x, y1=top, x2=x, y2=axis_y),
+                  element("text", escape(f"{plain(x_max * i / 4)} s"), x=x, y=axis_y + 14, text_anchor="middle")]
     for e in events:
-        name, t = str(e.get("event", "?")), _n(e.get("t")) or 0.0
+        name, t = str(e.get("event", "?")), as_number(e.get("t")) or 0.0
         colour = TROUBLE_COLOUR if name in WARNING_EVENTS else SERIES_COLOURS[0]
-        tip = _el("title", _e(f"{_plain(t)} s: {e.get('message', name)}"))
-        parts.append(_el("circle", tip, class_="mark", cx=left + w * t / x_max,
-                         cy=top + lanes[name] * lane_h + lane_h / 2, r=5, fill=colour))
-    return _svg("timeline", axis_y + 24, parts)
+        tip = element("title", escape(f"{plain(t)} s: {e.get('message', name)}"))
+        parts.append(element("circle", tip, class_="mark", cx=left + w * t / x_max,
+                             cy=top + lanes[name] * lane_h + lane_h / 2, r=5, fill=colour))
+    return svg("timeline", axis_y + 24, parts)
 
 
 def _axes(left: int, top: int, w: int, h: int, x_max: float, y_max: float, x_label: str) -> str:
-    parts = [_el("line", class_="axis", x1=left, y1=top + h, x2=left + w, y2=top + h),
-             _el("line", class_="axis", x1=left, y1=top, x2=left, y2=top + h),
-             _el("text", _e(x_label), x=left + w / 2, y=top + h + 36, text_anchor="middle")]
+    parts = [element("line", class_="axis", x1=left, y1=top + h, x2=left + w, y2=top + h),
+             element("line", class_="axis", x1=left, y1=top, x2=left, y2=top + h),
+             element("text", escape(x_label), x=left + w / 2, y=top + h + 36, text_anchor="middle")]
     for i in range(5):
         x, y = left + w * i / 4, top + h - h * i / 4
-        parts.append(_el("text", _e(_plain(x_max * i / 4)), x=x, y=top + h + 16, text_anchor="middle"))
+        parts.append(element("text", escape(plain(x_max * i / 4)), x=x, y=top + h + 16, text_anchor="middle"))
         if i:
-            parts += [_el("line", class_="grid", x1=left, y1=y, x2=left + w, y2=y),
-                      _el("text", _e(_plain(y_max * i / 4)), x=left - 6, y=y + 4, text_anchor="end")]
+            parts += [element("line", class_="grid", x1=left, y1=y, x2=left + w, y2=y),
+                      element("text", escape(plain(y_max * i / 4)), x=left - 6, y=y + 4, text_anchor="end")]
     return "".join(parts)
-
-
-def _svg(name: str, height: float, parts: list[str]) -> str:
-    return _el("svg", "".join(parts), class_="chart", data_chart=name, role="img", aria_label=f"{name} chart",
-               width=CHART_WIDTH, height=height, viewBox=f"0 0 {CHART_WIDTH} {height}")
-
-
-def _el(tag: str, body: str = "", **attributes: object) -> str:
-    """An SVG element; attribute values are escaped here, ``body`` is markup escaped by the caller.
-
-    ``class_`` names ``class``, and underscores become hyphens (``text_anchor``: ``text-anchor``).
-    """
-    spec = "".join(f' {key.rstrip("_").replace("_", "-")}="{_e(_coordinate(value))}"'
-                   for key, value in attributes.items())
-    return f"<{tag}{spec}>{body}</{tag}>"
-
-
-def _coordinate(value: object) -> object:
-    return f"{value:.1f}" if isinstance(value, float) else value
-
-
-def _nice(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 × 10ⁿ not below ``value``: an axis end with round ticks."""
-    if value <= 0 or not math.isfinite(value):
-        return 1.0
-    base = 10.0 ** math.floor(math.log10(value))
-    return next(m * base for m in (1, 2, 2.5, 5, 10) if value <= m * base * (1 + 1e-9))
 
 
 def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -431,10 +411,6 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 # --- values: anything may be missing or of the wrong type in an old or damaged report ---------------
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _d(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -443,32 +419,17 @@ def _l(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _n(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _ratio(numerator: object, denominator: object) -> float | None:
-    top, bottom = _n(numerator), _n(denominator)
+    top, bottom = as_number(numerator), as_number(denominator)
     return top / bottom if top is not None and bottom else None
 
 
-def _plain(value: object) -> str:
-    number = _n(value)
-    if number is None:
-        return "–" if value is None else str(value)
-    if number.is_integer() and abs(number) < 1e15:
-        return f"{int(number):,}"
-    return f"{number:,.1f}" if abs(number) >= 10 else f"{number:,.3g}"
-
-
 def _fmt(value: object) -> str:
-    return _e(_plain(value))
+    return escape(plain(value))
 
 
 def _percent(value: object) -> str:
-    number = _n(value)
+    number = as_number(value)
     return "–" if number is None else f"{number * 100:.0f}%"
 
 
@@ -483,33 +444,3 @@ def _duration(seconds: float | None) -> str:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    """A table from cells already escaped (the callers escape what came from the report)."""
-    if not rows:
-        return "<p class=\"note\">None recorded.</p>"
-    header = "".join(f"<th>{_e(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
-
-
-CSS = """
-body{margin:0;background:#f6f8fa;color:#1f2328;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif}
-main{max-width:1000px;margin:0 auto;padding:24px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:0 0 10px}h3{font-size:14px;margin:0 0 6px}
-header p{margin:0 0 16px;color:#57606a}
-section{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:16px;margin:0 0 16px;overflow-x:auto}
-.badge{color:#fff;border-radius:12px;padding:2px 10px;font-size:14px;vertical-align:middle}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:10px}
-.card{border:1px solid #d0d7de;border-radius:6px;padding:8px 10px}
-.k{color:#57606a;font-size:12px}.v{font-size:20px;font-weight:600}.n{color:#57606a;font-size:12px}
-.note{color:#57606a;font-style:italic}.bad{color:#cf222e;font-weight:600}
-table{border-collapse:collapse;margin-top:8px;width:100%}
-th,td{border-bottom:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td ul{margin:0;padding-left:16px}code{font-size:12px;word-break:break-all}
-.cols{display:grid;grid-template-columns:repeat(auto-fit,minmax(260px,1fr));gap:16px}
-svg.chart{display:block;max-width:100%;height:auto;font-size:11px}svg text{fill:#1f2328}
-.axis{stroke:#57606a}.grid{stroke:#d0d7de}.errors li{color:#cf222e}
-footer{color:#57606a;font-size:12px;text-align:center}
-"""
