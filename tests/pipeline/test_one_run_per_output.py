@@ -39,21 +39,26 @@ def output(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[st
                                     "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
 
 
-@pytest.mark.timeout(300)
-def test_an_overlapping_run_is_refused_with_its_own_exit_code_and_writes_nothing(
-        tmp_path: Path, ray_address: str, output: tuple[str, dict[str, Any]]) -> None:
+def slow_job(tmp_path: Path, output: tuple[str, dict[str, Any]], ray_address: str) -> tuple[OutputStore, list[str]]:
+    """A 120-document job on one slow simulated GPU (a run lasts seconds after it takes the output):
+    the output's store, and the ``teibatch run`` command line of the job."""
     corpus = tmp_path / "corpus"
     for f in range(4):
         write_jsonl(corpus / f"f{f}.jsonl", [{"id": f"{f}-{i}", "text": f"text {i} of file {f}"} for i in range(30)])
     url, storage = output
-    store = OutputStore(url, storage)
     job = tmp_path / "job.yaml"
-    # A slow simulated GPU keeps the first run going for seconds after it has taken the output.
     job.write_text(yaml.safe_dump({
-        "name": "overlap", "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 10},
+        "name": "one-run", "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 10},
         "servers": {"provider": "local", "count": 1, "server_args": ["--simulate-gpu", "100"]},
         "output": {"path": url, "storage_options": storage}, "limits": {"max_shards_in_flight": 1}}))
-    command = [sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address", ray_address]
+    return OutputStore(url, storage), [sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address",
+                                       ray_address]
+
+
+@pytest.mark.timeout(300)
+def test_an_overlapping_run_is_refused_with_its_own_exit_code_and_writes_nothing(
+        tmp_path: Path, ray_address: str, output: tuple[str, dict[str, Any]]) -> None:
+    store, command = slow_job(tmp_path, output, ray_address)
     first = subprocess.Popen(command, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -83,17 +88,7 @@ def test_an_overlapping_run_is_refused_with_its_own_exit_code_and_writes_nothing
 @pytest.mark.timeout(300)
 def test_a_killed_run_s_lock_is_taken_over_by_the_same_command(tmp_path: Path, ray_address: str,
                                                                output: tuple[str, dict[str, Any]]) -> None:
-    corpus = tmp_path / "corpus"
-    for f in range(4):
-        write_jsonl(corpus / f"f{f}.jsonl", [{"id": f"{f}-{i}", "text": f"text {i} of file {f}"} for i in range(30)])
-    url, storage = output
-    store = OutputStore(url, storage)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "name": "killed", "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 10},
-        "servers": {"provider": "local", "count": 1, "server_args": ["--simulate-gpu", "100"]},
-        "output": {"path": url, "storage_options": storage}, "limits": {"max_shards_in_flight": 1}}))
-    command = [sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address", ray_address]
+    store, command = slow_job(tmp_path, output, ray_address)
     first = subprocess.Popen(command, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

@@ -12,14 +12,13 @@ after success (Ray Data's checkpointing, beta).
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from typing import Any
 
 import httpx
 import numpy as np
 
-from contestants.common import Config, main
+from contestants.common import Config, main, ray_data_session
 
 
 class TEIEmbedder:
@@ -38,16 +37,8 @@ class TEIEmbedder:
 
 def run(config: Config) -> None:
     import ray
-    from ray.data.checkpoint import CheckpointConfig
 
-    # With checkpointing on, Ray Data adds a filter actor of 1 CPU: on 2 cores it would leave the read
-    # task waiting forever, so the probe's runs declare 2 more CPUs than the machine has.
-    extra = {"num_cpus": (os.cpu_count() or 2) + 2} if config.features else {}
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, **extra)
-    try:
-        if config.features:
-            ray.data.DataContext.get_current().checkpoint_config = CheckpointConfig(
-                id_column="id", checkpoint_path=str(config.state / "checkpoint"), delete_checkpoint_on_success=False)
+    with ray_data_session(config):
         actors = 2 * len(config.urls) if config.variant == "actors8" else 2
         ds = ray.data.read_json(str(config.corpus))
         ds = ds.map_batches(
@@ -58,8 +49,6 @@ def run(config: Config) -> None:
             **({"num_cpus": 1 / actors} if config.variant == "actors8" else {}),
         )
         ds.select_columns(["id", "embedding"]).write_parquet(str(config.vectors))
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":

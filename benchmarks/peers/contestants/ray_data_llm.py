@@ -11,13 +11,12 @@ one. With ``features`` on (the probe), Ray Data's
 
 from __future__ import annotations
 
-import os
 import zlib
 from typing import Any
 
 import numpy as np
 
-from contestants.common import Config, main
+from contestants.common import Config, main, ray_data_session
 
 
 def pack(batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -34,17 +33,9 @@ def unpack(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 
 def run(config: Config) -> None:
     import ray
-    from ray.data.checkpoint import CheckpointConfig
     from ray.data.llm import HttpRequestProcessorConfig, build_processor
 
-    # With checkpointing on, Ray Data adds a filter actor of 1 CPU: on 2 cores it would leave the read
-    # task waiting forever, so the probe's runs declare 2 more CPUs than the machine has.
-    extra = {"num_cpus": (os.cpu_count() or 2) + 2} if config.features else {}
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, **extra)
-    try:
-        if config.features:
-            ray.data.DataContext.get_current().checkpoint_config = CheckpointConfig(
-                id_column="id", checkpoint_path=str(config.state / "checkpoint"), delete_checkpoint_on_success=False)
+    with ray_data_session(config):
         headers = {"Authorization": f"Bearer {config.api_key}"}
         ds = ray.data.read_json(str(config.corpus))
         if config.variant == "docs":
@@ -69,8 +60,6 @@ def run(config: Config) -> None:
                 parts.append(processor(share))
             out = parts[0].union(*parts[1:]).map_batches(unpack)
         out.select_columns(["id", "embedding"]).write_parquet(str(config.vectors))
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from teibatch.fleet.catalog import BillingRule
-from teibatch.fleet.ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,9 @@ class InstanceCost:
         return self.price_per_hour * self.billed_seconds / 3600
 
 
-def run_cost(ledger: Ledger, run_id: str, billing: BillingRule) -> dict[str, Any] | None:
-    """The run's cost in USD per instance and in total, or ``None`` when it rented nothing with a price."""
-    record = ledger.load(run_id)
-    if record is None:
-        return None
+def run_cost(record: dict[str, Any], billing: BillingRule) -> dict[str, Any] | None:
+    """The cost in USD per instance and in total of the run whose ledger ``record`` this is, or
+    ``None`` when it rented nothing with a price."""
     instances = [cost for name, entry in sorted(record.get("instances", {}).items())
                  if (cost := _instance_cost(name, entry, billing)) is not None]
     if not instances:

@@ -190,36 +190,22 @@ def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractCont
                                               storage_options=dict(export.storage_options)))
 
 
-def rented_cost(provider: Provider, run_id: str) -> dict[str, Any] | None:
-    """What the instances this run rented cost (``fleet/cost.py``), for a provider that rents; else ``None``."""
-    ledger = _ledger_of(provider)
-    rule = billing_rules().get(provider.name)
-    if ledger is None or rule is None:
-        return None
+def fleet_record(provider: Provider, run_id: str, started_at: str) -> tuple[dict[str, Any] | None,
+                                                                             list[dict[str, Any]]]:
+    """What the ledger says of this run's instances, read once after teardown: what they cost
+    (``fleet/cost.py``; ``None`` unless the provider rents) and every step recorded for each
+    (requested, running, healthy, removed, destroyed...) as run events, ``t`` in seconds since
+    ``started_at`` (ISO), oldest first. Nothing for a provider without a ledger."""
+    ledger = getattr(provider, "ledger", None)
     try:
-        return run_cost(ledger, run_id, rule)
-    except FleetError:  # an unreadable ledger costs the report its cost section, not the run
-        return None
-
-
-def fleet_events(provider: Provider, run_id: str, started_at: str) -> list[dict[str, Any]]:
-    """Every step the ledger recorded for this run's instances (requested, running, healthy, removed,
-    destroyed...) as run events: ``t`` in seconds since ``started_at`` (ISO), oldest first."""
-    ledger = _ledger_of(provider)
-    try:
-        record = ledger.load(run_id) if ledger is not None else None
-    except FleetError:
-        return []
+        record = ledger.load(run_id) if isinstance(ledger, Ledger) else None
+    except FleetError:  # an unreadable ledger costs the report these sections, not the run
+        return None, []
     if record is None:
-        return []
+        return None, []
+    rule = billing_rules().get(provider.name)
     origin = datetime.fromisoformat(started_at)
     events = [{"t": round((datetime.fromisoformat(step["at"]) - origin).total_seconds(), 3),
                "event": f"instance_{step['state']}", "message": f"{name}: {step['state']}", "instance": name}
               for name, entry in sorted(record.get("instances", {}).items()) for step in entry.get("steps", [])]
-    return sorted(events, key=lambda event: event["t"])
-
-
-def _ledger_of(provider: Provider) -> Ledger | None:
-    """The ledger of a provider that records its instances in one (ssh, local docker, the GPU clouds)."""
-    ledger = getattr(provider, "ledger", None)
-    return ledger if isinstance(ledger, Ledger) else None
+    return (run_cost(record, rule) if rule is not None else None), sorted(events, key=lambda event: event["t"])

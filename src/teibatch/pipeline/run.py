@@ -29,7 +29,7 @@ from teibatch.pipeline.context import ServerPlan, ShardContext
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
-from teibatch.pipeline.providers import fleet_events, fleet_session, provider_for, rented_cost
+from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
@@ -245,9 +245,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             finally:
                 summary.servers = stop_senders(senders)
     finally:  # after teardown: the instances' whole time
-        summary.cost = rented_cost(provider, summary.run_id)
-        summary.events = sorted(summary.events + fleet_events(provider, summary.run_id, summary.started_at),
-                                key=lambda event: event["t"])
+        summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
+        summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:
@@ -297,11 +296,13 @@ def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard])
     budget = sum(s.budget for s in senders)
     tasks: list[tuple[Shard, ...]] = []
     group: list[Shard] = []
+    documents = 0
     for shard in pending:
         group.append(shard)
-        if sum(s.size for s in group) >= budget or len(group) == MAX_SHARDS_PER_TASK:
+        documents += shard.size
+        if documents >= budget or len(group) == MAX_SHARDS_PER_TASK:
             tasks.append(tuple(group))
-            group = []
+            group, documents = [], 0
     if group:
         tasks.append(tuple(group))
     return tasks
