@@ -168,6 +168,6 @@ def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None
 
             result = embed_through_senders(texts(), [sender], 384)
         finally:
-            stop_senders([sender])
+            stop_senders([sender.actor])
     assert seen_before_the_rest and seen_before_the_rest[0] > 0
     assert result.ok.all() and len(result.ok) == 3 * sender.chunk_size and not result.failures

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
 
@@ -33,7 +34,9 @@ from teibatch.pipeline.providers import fleet_record, fleet_session, provider_fo
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
+    launch_senders,
     plan_senders,
+    sender_count,
     sender_news,
     start_senders,
     stop_senders,
@@ -222,28 +225,32 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
                              servers=len(endpoints), provider=provider.name)
-            fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
-                            api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
-            summary.timings["fleet_up_s"] = time.monotonic() - clock
-            _check_same_vectors(manifest, fleet, store)
-            manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
-                             "servers": [s.info.to_json() for s in fleet.servers]}
-            ray_start.wait()
-            reinstall(interrupts)
-            interrupts.check()
-            plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers], route=fleet.route,
-                                 embed=options, dimension=fleet.dimension, model_id=fleet.model_id,
-                                 api_key_env=job.servers.api_key_env, request_timeout=job.client.request_timeout,
-                                 max_retries=job.client.max_retries)
-            clock = time.monotonic()  # the senders' start counts: the servers wait for it
-            senders = start_senders(plans)
+            # With Ray up already, the senders' processes (half a second or more each) start during the
+            # handshake instead of while the servers wait for work.
+            actors: list[Any] = launch_senders(sender_count(len(endpoints))) if ray_start.ready else []
             try:
+                fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
+                                api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
+                summary.timings["fleet_up_s"] = time.monotonic() - clock
+                _check_same_vectors(manifest, fleet, store)
+                manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
+                                 "servers": [s.info.to_json() for s in fleet.servers]}
+                ray_start.wait()
+                reinstall(interrupts)
+                interrupts.check()
+                plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers],
+                                     route=fleet.route, embed=options, dimension=fleet.dimension,
+                                     model_id=fleet.model_id, api_key_env=job.servers.api_key_env,
+                                     request_timeout=job.client.request_timeout, max_retries=job.client.max_retries)
+                clock = time.monotonic()  # the senders' start counts: the servers wait for it
+                senders = start_senders(plans, actors or None)
+                actors = [s.actor for s in senders]
                 reporter.start(len(pending), sum(s.size for s in pending))
                 _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
                           job, interrupts)
                 summary.timings["embed_s"] = time.monotonic() - clock
             finally:
-                summary.servers = stop_senders(senders)
+                summary.servers = stop_senders(actors)
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])

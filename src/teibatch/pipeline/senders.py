@@ -22,6 +22,7 @@ last shard of a run included, and a task that is reading or writing holds none o
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -76,11 +77,16 @@ class SenderPlan:
         return CHUNK_BATCHES * max(p.limits.max_batch_size for p in self.servers)
 
 
+def sender_count(servers: int) -> int:
+    """How many senders share ``servers`` servers: one per ``SERVERS_PER_SENDER``."""
+    return max(1, math.ceil(servers / SERVERS_PER_SENDER))
+
+
 def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int,
                  model_id: str | None, api_key_env: str | None, request_timeout: float,
                  max_retries: int) -> list[SenderPlan]:
     """Split ``servers`` between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
-    count = max(1, math.ceil(len(servers) / SERVERS_PER_SENDER))
+    count = sender_count(len(servers))
     return [SenderPlan(tuple(servers[i::count]), route, embed, dimension, model_id, api_key_env,
                        request_timeout, max_retries) for i in range(count)]
 
@@ -117,6 +123,14 @@ class SenderCore:
             # Enough chunks at once to fill every window, plus two starting while others end.
             self._admission = OldestFirst(math.ceil(plan.budget / plan.chunk_size) + 2)
         return self._pool, self._packer, self._admission
+
+    async def connect(self) -> None:
+        """Set up the pool and open a connection to every server (``/health``), before the first chunk.
+
+        Best effort: a server that does not answer is found, and dealt with, by the chunks.
+        """
+        pool, _, _ = self._start()
+        await asyncio.gather(*(server.client.healthy() for server in pool.servers), return_exceptions=True)
 
     async def embed(self, texts: list[str], priority: float = 0.0) -> EmbedResult:
         """Vectors (or a failure) for every text, sent over this sender's servers.
@@ -159,22 +173,37 @@ class SenderCore:
 
 
 class SenderActor:
-    """The Ray actor around a :class:`SenderCore` (async methods: chunks run concurrently)."""
+    """The Ray actor around a :class:`SenderCore` (async methods: chunks run concurrently).
 
-    def __init__(self, plan: SenderPlan) -> None:
-        self.core = SenderCore(plan)
+    Its plan comes with every chunk rather than at creation, so that the actor's process can start
+    before the servers are known, and a restarted actor (Ray calls ``__init__`` again) has it from
+    the first chunk it is sent.
+    """
 
-    async def embed(self, texts: list[str], priority: float = 0.0) -> EmbedResult:
-        return await self.core.embed(texts, priority)
+    def __init__(self) -> None:
+        self.core: SenderCore | None = None
+
+    async def prepare(self, plan: SenderPlan) -> None:
+        """Take ``plan`` and connect to its servers, while the first shard tasks start."""
+        await self._core(plan).connect()
+
+    async def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
+        return await self._core(plan).embed(texts, priority)
+
+    def _core(self, plan: SenderPlan) -> SenderCore:
+        if self.core is None:
+            self.core = SenderCore(plan)
+        return self.core
 
     async def stats(self) -> dict[str, dict[str, object]]:
-        return self.core.stats()
+        return self.core.stats() if self.core is not None else {}
 
     async def news(self) -> list[str]:
-        return self.core.news()
+        return self.core.news() if self.core is not None else []
 
     async def close(self) -> None:
-        await self.core.close()
+        if self.core is not None:
+            await self.core.close()
 
 
 @dataclass(frozen=True)
@@ -184,14 +213,15 @@ class SenderRef:
     actor: Any  # ray.actor.ActorHandle of SenderActor
     budget: int
     chunk_size: int
+    plan: SenderPlan | None = None
 
 
-def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
-    """One actor per plan, on this (the driver's) node when it can, restarted by Ray when it dies.
+def launch_senders(count: int) -> list[Any]:
+    """``count`` sender actors, on this (the driver's) node when it can, restarted by Ray when they die.
 
-    Returns at once: the actors are asked for before any shard task, so each takes a waiting worker
-    process first, and they start while the first shard tasks load and read (chunks sent meanwhile
-    wait in the actor's queue). A sender that fails to start is found by the first chunk sent to it.
+    Returns at once: the actors' processes start (a second of CPU each) while the driver goes on —
+    meeting the servers, starting the first shard tasks; chunks sent meanwhile wait in the actor's
+    queue. A sender that fails to start is found by the first chunk sent to it.
     """
     here = ray.get_runtime_context().get_node_id()
     options: dict[str, object] = {
@@ -200,20 +230,30 @@ def start_senders(plans: Sequence[SenderPlan]) -> list[SenderRef]:
     if crash_settings := task_environment():
         options["runtime_env"] = {"env_vars": crash_settings}
     actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
-    return [SenderRef(actor_class.remote(plan), plan.budget, plan.chunk_size) for plan in plans]
+    return [actor_class.remote() for _ in range(count)]
 
 
-def stop_senders(senders: Sequence[SenderRef], timeout: float = 10.0) -> dict[str, dict[str, object]]:
-    """Per-server stats from every sender, then the senders killed (a dead one reports nothing)."""
+def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = None) -> list[SenderRef]:
+    """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones."""
+    actors = list(actors) if actors is not None else launch_senders(len(plans))
+    if len(actors) != len(plans):
+        raise ValueError(f"{len(plans)} sender plans for {len(actors)} sender actors")
+    for actor, plan in zip(actors, plans, strict=True):
+        actor.prepare.remote(plan)
+    return [SenderRef(actor, plan.budget, plan.chunk_size, plan) for actor, plan in zip(actors, plans, strict=True)]
+
+
+def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict[str, object]]:
+    """Per-server stats from every sender actor, then the actors killed (a dead one reports nothing)."""
     stats: dict[str, dict[str, object]] = {}
-    refs: list[ray.ObjectRef[Any]] = [s.actor.stats.remote() for s in senders]
+    refs: list[ray.ObjectRef[Any]] = [actor.stats.remote() for actor in actors]
     for ref in refs:
         try:
             stats.update(ray.get(ref, timeout=timeout))
         except (ray.exceptions.RayError, TimeoutError):
             continue
-    for sender in senders:
-        ray.kill(sender.actor, no_restart=True)
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
     return stats
 
 
@@ -270,7 +310,7 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
                 break
             index = min(ready, key=lambda i: load[i] / senders[i].budget)
             start, chunk = unsent.popleft()
-            outstanding[senders[index].actor.embed.remote(chunk, priority)] = (start, chunk, index)
+            outstanding[senders[index].actor.embed.remote(chunk, priority, senders[index].plan)] = (start, chunk, index)
             load[index] += len(chunk)
         if not outstanding:
             break

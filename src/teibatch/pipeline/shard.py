@@ -13,6 +13,7 @@ import os
 import pickle
 import resource
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -27,7 +28,16 @@ from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.senders import SenderRef, embed_through_senders
-from teibatch.sink import REJECTS_DIR, VECTORS_DIR, OutputStore, read_vectors, rejects_table, vectors_table, write_part
+from teibatch.sink import (
+    REJECTS_DIR,
+    VECTORS_DIR,
+    OutputStore,
+    read_vectors,
+    rejects_table,
+    vectors_table,
+    warm_up,
+    write_part,
+)
 from teibatch.tei.work import RETRYABLE_FAILURES
 
 # CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers.
@@ -70,6 +80,7 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
     yield_to_senders()
+    warm_up_once()
     node = ray.get_runtime_context().get_node_id()
     if len(shards) == 1:
         outcomes: list[ShardOutcome | BaseException] = [
@@ -89,6 +100,21 @@ def _portable(error: BaseException) -> BaseException:
     except Exception:
         return TeibatchError(f"{type(error).__name__}: {error}")
     return error
+
+
+_warming: threading.Thread | None = None
+
+
+def warm_up_once() -> None:
+    """Start the Parquet side's one-time work in this worker process, beside the embedding.
+
+    A shard's writing comes after its last vector, and at the end of a run the servers wait for it;
+    what only has to happen once per process (see :func:`teibatch.sink.warm_up`) need not be there.
+    """
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=warm_up, name="teibatch-warm-up", daemon=True)
+        _warming.start()
 
 
 def yield_to_senders() -> None:

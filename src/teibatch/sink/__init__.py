@@ -10,6 +10,7 @@ from teibatch.sink.parts import (
     read_vectors,
     rejects_table,
     vectors_table,
+    warm_up,
     write_part,
 )
 from teibatch.sink.report import RUNS_DIR, latest_report, write_report
@@ -36,6 +37,7 @@ __all__ = [
     "remove_stale",
     "remove_uncommitted_temp",
     "vectors_table",
+    "warm_up",
     "write_part",
     "write_report",
 ]

@@ -18,6 +18,10 @@ REJECTS_DIR = "rejects"
 METADATA_KEY = b"teibatch"
 
 REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
+# Columns whose values are (nearly) all different: a dictionary only costs time there (it is tried,
+# then abandoned once it outgrows its page), and vector coordinates' min/max statistics help no reader.
+UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash"})
+NO_STATISTICS = frozenset({"embedding"})
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,21 @@ def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Tabl
     """Write ``table`` as ``<directory>/part-<shard>.parquet``, all or nothing; return its relative path."""
     relative = f"{directory}/{part_name(shard_id)}"
     compression = None if options.compression == "none" else options.compression
+    names = table.column_names
     store.write_atomic(relative, lambda handle: pq.write_table(
-        table, handle, compression=compression, row_group_size=options.row_group_size))
+        table, handle, compression=compression, row_group_size=options.row_group_size,
+        use_dictionary=[n for n in names if n not in UNIQUE_COLUMNS],
+        write_statistics=[n for n in names if n not in NO_STATISTICS]))
     return relative
+
+
+def warm_up() -> None:
+    """Do pyarrow's one-time work of a first conversion now (call it in a background thread).
+
+    pyarrow imports pandas, when installed, on the first ``pa.array`` of a process (half a second
+    of CPU); a shard task does that while its texts are out being embedded rather than after.
+    """
+    pa.array(["warm"], pa.string())
 
 
 def read_vectors(store: OutputStore, parts: Sequence[str],
