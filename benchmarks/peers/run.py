@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=DEFAULT_DOCUMENTS,
                         help=f"documents in the corpus (default {DEFAULT_DOCUMENTS:,})")
-    parser.add_argument("--servers", type=int, default=4, help="simulated GPUs (default 4)")
+    parser.add_argument("--servers", type=int, default=8, help="simulated GPUs (default 8)")
     parser.add_argument("--rate", type=float, default=25_000, help="tokens/s of each simulated GPU (default 25,000)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="a family or family:variant (repeatable): " + ", ".join(c.key for c in CONTESTANTS))

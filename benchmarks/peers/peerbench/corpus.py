@@ -74,12 +74,13 @@ def bad_positions(documents: int) -> dict[int, str]:
 
 
 def write_corpus(root: Path, documents: int, *, seed: int = 13, files: int = DEFAULT_FILES, bad: bool = True,
-                 changed: frozenset[int] = frozenset()) -> CorpusInfo:
+                 changed: frozenset[int] = frozenset(), median_tokens: int = MEDIAN_TOKENS) -> CorpusInfo:
     """Write ``documents`` records into ``files`` JSONL files under ``root`` (created).
 
     ``bad=False`` leaves the bad documents out (the records at their positions are skipped, so ids
     stay the same as in the full corpus); ``changed`` lists indexes whose text gets one more
-    sentence (for the "skips unchanged documents" check).
+    sentence (for the "skips unchanged documents" check). ``median_tokens`` sets the length
+    distribution's median (the scaling table uses short documents to reach a million in minutes).
     """
     rng = random.Random(seed)
     vocabulary = _vocabulary(rng)
@@ -92,7 +93,7 @@ def write_corpus(root: Path, documents: int, *, seed: int = 13, files: int = DEF
         handles = [stack.enter_context(open(root / f"part-{f:02d}.jsonl", "w", encoding="utf-8"))
                    for f in range(files)]
         for n in range(documents):
-            target = min(MAX_TOKENS, max(8, round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SIGMA))))
+            target = min(MAX_TOKENS, max(8, round(rng.lognormvariate(math.log(median_tokens), SIGMA))))
             text, tokens = _text(rng, vocabulary, target)
             doc_id = f"doc-{n:07d}"
             if n in changed:

@@ -13,8 +13,8 @@ from peerbench.runner import Row
 
 PACKAGES = ("teibatch", "ray", "httpx", "langchain-huggingface", "langchain-openai", "langchain-classic",
             "llama-index-core", "llama-index-embeddings-text-embeddings-inference", "huggingface_hub", "openai")
-HEADER = ("contestant", "wall s", "docs/s", "busy share", "client CPU s", "peak MiB", "embedded / lost / failed",
-          "limit violations", "resumes after a kill", "skips unchanged documents", "notes")
+HEADER = ("contestant", "wall s", "docs/s", "busy share", "client CPU s", "CPU s / 1M vectors", "peak MiB",
+          "embedded / lost / failed", "limit violations", "resumes after a kill", "skips unchanged documents", "notes")
 
 
 def versions() -> dict[str, str]:
@@ -62,7 +62,8 @@ def table(rows: list[Row], probes: dict[str, ProbeResult]) -> str:
         if row.corpus != "full":
             label += f" [{row.corpus}]"
         cells = [label, f"{m.wall_s:.1f}", f"{c.embedded / m.wall_s:.0f}" if m.wall_s else "0",
-                 f"{row.stats.busy_share:.3f}", f"{m.cpu_s:.1f}", f"{m.peak_mib:.0f}",
+                 f"{row.stats.busy_share:.3f}", f"{m.cpu_s:.1f}",
+                 f"{m.cpu_s / c.embedded * 1e6:,.0f}" if c.embedded else "-", f"{m.peak_mib:.0f}",
                  f"{c.embedded:,} / {c.lost + c.wrong:,} / {c.failed:,}", _violations(row),
                  probe.resumes if probe else "not tried", probe.skips if probe else "not tried", _notes(row)]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")

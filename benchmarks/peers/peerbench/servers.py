@@ -49,9 +49,11 @@ class FleetStats:
 class Fleet:
     """``count`` fresh servers for the length of a ``with`` block."""
 
-    def __init__(self, count: int, rate: float, *, record_texts: bool = False) -> None:
-        args = ["--simulate-gpu", str(rate), *TEI_DEFAULTS] + (["--record-texts"] if record_texts else [])
-        self.provider = LocalProvider(count, model_id=MODEL_ID, server_args=args)
+    def __init__(self, count: int, rate: float, *, record_texts: bool = False, dimension: int = DIMENSION) -> None:
+        args = ["--simulate-gpu", str(rate), *TEI_DEFAULTS, "--dimension", str(dimension)]
+        args += ["--record-texts"] if record_texts else []
+        model = MODEL_ID if dimension == DIMENSION else f"teibatch/hashing-{dimension}"
+        self.provider = LocalProvider(count, model_id=model, server_args=args)
         self.urls: list[str] = []
 
     @property

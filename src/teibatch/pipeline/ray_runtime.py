@@ -55,11 +55,6 @@ class RayStart:
             self._thread = threading.Thread(target=self._hold, name="teibatch-ray", daemon=True)
             self._thread.start()
 
-    @property
-    def ready(self) -> bool:
-        """Ray is up (and did not fail to start): Ray calls will not wait."""
-        return self._ready.is_set() and self._error is None
-
     def _hold(self) -> None:
         started = time.monotonic()
         try:

@@ -41,7 +41,7 @@ from teibatch.pipeline.senders import (
     start_senders,
     stop_senders,
 )
-from teibatch.pipeline.shard import ShardOutcome, shard_task
+from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
 from teibatch.sink import (
     Manifest,
@@ -65,6 +65,8 @@ NEWS_INTERVAL_S = 5.0
 SPARE_TASKS_PER_SENDER = 1
 # The most shards one task processes side by side (see _tasks).
 MAX_SHARDS_PER_TASK = 16
+# The longest the run waits for its senders and first workers to start before it meets the servers.
+WARM_UP_TIMEOUT_S = 60.0
 # Shard tasks added to the start-up allowance each time one finishes (see _schedule).
 TASKS_ADDED_PER_FINISH = 2
 
@@ -225,25 +227,25 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
                              servers=len(endpoints), provider=provider.name)
-            # With Ray up already, the senders' processes (half a second or more each) start during the
-            # handshake instead of while the servers wait for work.
-            actors: list[Any] = launch_senders(sender_count(len(endpoints))) if ray_start.ready else []
+            up_s = time.monotonic() - clock
+            ray_start.wait()
+            reinstall(interrupts)
+            interrupts.check()
+            actors: list[Any] = _warm_up(len(endpoints), len(pending))
             try:
+                met = time.monotonic()
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
-                summary.timings["fleet_up_s"] = time.monotonic() - clock
+                summary.timings["fleet_up_s"] = up_s + time.monotonic() - met
                 _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
-                ray_start.wait()
-                reinstall(interrupts)
-                interrupts.check()
                 plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers],
                                      route=fleet.route, embed=options, dimension=fleet.dimension,
                                      model_id=fleet.model_id, api_key_env=job.servers.api_key_env,
                                      request_timeout=job.client.request_timeout, max_retries=job.client.max_retries)
                 clock = time.monotonic()  # the senders' start counts: the servers wait for it
-                senders = start_senders(plans, actors or None)
+                senders = start_senders(plans, actors)
                 actors = [s.actor for s in senders]
                 reporter.start(len(pending), sum(s.size for s in pending))
                 _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
@@ -254,6 +256,25 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
+
+
+def _warm_up(servers: int, shards: int) -> list[Any]:
+    """Start the senders' processes and ready the first shard tasks' workers; return the sender actors.
+
+    Done before the servers are met, so that from their first request on they wait for no process
+    start-up: an actor's process takes half a second or more to start, and a worker's first task as
+    long before it runs (Ray loads the function and its modules). The warm-up tasks are waited for,
+    so that their workers are free again for the shard tasks; a sender that fails to start is found
+    by the first chunk sent to it.
+    """
+    actors = launch_senders(sender_count(servers))
+    warm = ray.remote(num_cpus=1)(warm_worker)
+    if crash_settings := task_environment():  # the shard tasks' environment, or they would not share workers
+        warm = warm.options(runtime_env={"env_vars": crash_settings})
+    workers = max(1, min(shards, os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1))))
+    ready = [warm.remote() for _ in range(workers)] + [actor.stats.remote() for actor in actors]
+    ray.wait(ready, num_returns=len(ready), timeout=WARM_UP_TIMEOUT_S)
+    return actors
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:

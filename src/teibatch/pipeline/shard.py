@@ -93,6 +93,17 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
 
+def warm_worker() -> None:
+    """A Ray task that readies a worker process for the shard tasks that follow it.
+
+    A worker's first task waits half a second for Ray to load the function and, with it, this module
+    and its imports; the driver runs this task before it meets the servers (``pipeline/run.py``), so
+    that the first shard tasks start at once on the same worker, the Parquet side's one-time work
+    under way. The worker's priority is left alone: Ray may give the process to a sender next.
+    """
+    warm_up_once()
+
+
 def _portable(error: BaseException) -> BaseException:
     """``error`` if it survives pickling (Ray returns it to the driver), else a plain error saying the same."""
     try:
