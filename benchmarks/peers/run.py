@@ -9,7 +9,7 @@ resume and skip features are tried on a small clean corpus (see ``peerbench/prob
 
 Prints a Markdown table and writes ``results.json`` beside this file. Traffic goes only to 127.0.0.1.
 
-    .venv/bin/python run.py                      # everything (about 25 minutes on 2 idle cores)
+    .venv/bin/python run.py                      # everything (28 minutes on 2 idle cores)
     .venv/bin/python run.py --quick              # smoke run: small corpus, no probes (about 3 minutes)
     .venv/bin/python run.py --only teibatch --only asyncio:budget --documents 5000
 """

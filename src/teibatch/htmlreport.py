@@ -32,7 +32,7 @@ BAD_STATUSES = frozenset({"failed", "not_committed"})
 STATUS_COLOURS = {"done": "#1a7f37", "incomplete": "#9a6700", "interrupted": "#9a6700", "failed": "#cf222e"}
 SERIES_COLOURS = ("#0969da", "#8250df")
 TROUBLE_COLOUR = "#cf222e"
-TIMING_PHASES = ("plan_s", "ray_start_s", "ray_wait_s", "fleet_up_s", "embed_s", "total_s")
+TIMING_PHASES = ("plan_s", "ray_start_s", "ray_wait_s", "warm_up_s", "fleet_up_s", "embed_s", "total_s")
 
 
 def render_report(store: OutputStore, run_id: str | None = None) -> tuple[str, str]:

@@ -2,9 +2,13 @@
 
 The harness makes itself a *child subreaper* (Linux ``PR_SET_CHILD_SUBREAPER``): processes the
 contestant starts and leaves behind (Ray's workers, its GCS and raylet) are handed to the harness
-instead of to init, so it can stop them and collect their CPU time. CPU seconds are the change in
-``getrusage(RUSAGE_CHILDREN)`` (user + system) across the run: the contestant and every descendant
-that has been waited for. Peak memory is the largest sum of the resident set sizes of the
+instead of to init, so it can stop them. CPU seconds are the machine's busy CPU time across the run
+(``/proc/stat`` through psutil: every core, niced work included) less the servers' and the
+harness's own: on an otherwise idle machine, the contestant's whole process tree. Not
+``getrusage(RUSAGE_CHILDREN)``: Ray's raylet ignores ``SIGCHLD``, so the CPU of its worker
+processes (shard tasks, actors, Ray Data's operators) never reaches any parent's account.
+
+Peak memory is the largest sum of the resident set sizes of the
 contestant's whole process tree, sampled every 0.25 s with psutil (pages shared between processes,
 such as Ray's object store, count once per process that maps them).
 """
@@ -53,9 +57,22 @@ class Measurement:
     error: str            # one line when it did not finish
 
 
-def _cpu_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _machine_busy() -> float:
+    """CPU seconds the machine has been busy, over all cores (user, nice, system, interrupts)."""
+    times = psutil.cpu_times()
+    idle = times.idle + sum(getattr(times, name, 0.0) for name in ("iowait", "steal", "guest", "guest_nice"))
+    return sum(times) - idle
+
+
+def _own_cpu(pids: set[int]) -> float:
+    """CPU seconds of the harness itself and of the live processes ``pids`` (the servers)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    total = usage.ru_utime + usage.ru_stime
+    for pid in pids - {os.getpid()}:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def _tree(root: psutil.Process, family: set[int], exclude: set[int]) -> list[psutil.Process]:
@@ -124,7 +141,8 @@ def run_measured(command: list[str], *, cwd: Path, env: dict[str, str], limit_s:
     ``result``: the contestant's result file (see ``contestants.common``).
     """
     result.unlink(missing_ok=True)
-    cpu_before = _cpu_children()
+    others = set(exclude)
+    cpu_before = _machine_busy() - _own_cpu(others)
     started = time.monotonic()
     with open(log, "wb") as log_handle:
         popen = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_handle,
@@ -150,7 +168,7 @@ def run_measured(command: list[str], *, cwd: Path, env: dict[str, str], limit_s:
     wall = time.monotonic() - started
     _stop([p for p in _tree(root, family, exclude) if p.pid != popen.pid] if status else [])
     _reap_adopted(exclude | {popen.pid}, time.monotonic() + LEFTOVER_GRACE_S)
-    cpu = _cpu_children() - cpu_before
+    cpu = _machine_busy() - _own_cpu(others) - cpu_before
     error = ""
     if not status:
         outcome = json.loads(result.read_text()) if result.exists() else {"status": "crashed", "error": ""}

@@ -231,7 +231,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             ray_start.wait()
             reinstall(interrupts)
             interrupts.check()
+            warming = time.monotonic()
             actors: list[Any] = _warm_up(len(endpoints), len(pending))
+            summary.timings["warm_up_s"] = time.monotonic() - warming
             try:
                 met = time.monotonic()
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
@@ -244,7 +246,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                                      route=fleet.route, embed=options, dimension=fleet.dimension,
                                      model_id=fleet.model_id, api_key_env=job.servers.api_key_env,
                                      request_timeout=job.client.request_timeout, max_retries=job.client.max_retries)
-                clock = time.monotonic()  # the senders' start counts: the servers wait for it
+                clock = time.monotonic()
                 senders = start_senders(plans, actors)
                 actors = [s.actor for s in senders]
                 reporter.start(len(pending), sum(s.size for s in pending))
