@@ -39,6 +39,22 @@ def test_vectors_part_schema_and_values(tmp_path: Path, vector_type: str) -> Non
     assert meta == {"model_id": "m", "dimension": 4, "vector_type": vector_type}
 
 
+def test_unique_columns_are_written_plainly_and_kept_fields_with_dictionaries(tmp_path: Path) -> None:
+    # Dictionaries on all-different values and min/max of vector coordinates only cost write time.
+    schema = VectorSchema(dimension=4, kept={"lang": pa.string()})
+    vectors = np.ones((50, 4), dtype=np.float32)
+    table = vectors_table(schema, [f"id-{i}" for i in range(50)], vectors, [f"h{i}" for i in range(50)],
+                          {"lang": ["en"] * 50})
+    relative = write_part(OutputStore(str(tmp_path)), "vectors", "s1", table, WriteOptions())
+    group = pq.ParquetFile(tmp_path / relative).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema.split(".")[0]: group.column(i) for i in range(group.num_columns)}
+    for name in ("id", "embedding", "content_hash"):
+        assert not any("DICTIONARY" in encoding for encoding in columns[name].encodings), name
+    assert any("DICTIONARY" in encoding for encoding in columns["lang"].encodings)
+    assert not columns["embedding"].is_stats_set
+    assert columns["id"].is_stats_set and columns["id"].statistics.min == "id-0"
+
+
 def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:
     store = OutputStore(str(tmp_path))
     manifest = Manifest(fingerprint="f", job_name="j", planned=["keep", "gone", "todo"])
