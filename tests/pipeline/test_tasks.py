@@ -12,11 +12,14 @@ import pyarrow.dataset as ds
 import pytest
 
 from teibatch.corpus import Shard, plan_shards
+from teibatch.endpoint import Endpoint
 from teibatch.errors import CorpusMismatch
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
+from teibatch.pipeline.context import ServerPlan
 from teibatch.pipeline.run import MAX_SHARDS_PER_TASK, _tasks
-from teibatch.pipeline.senders import SenderRef
+from teibatch.pipeline.senders import SenderPlan, SenderRef
+from teibatch.tei import ClientLimits, EmbedOptions
 
 
 def shards(*sizes: int) -> list[Shard]:
@@ -26,7 +29,10 @@ def shards(*sizes: int) -> list[Shard]:
 
 
 def sender(budget: int) -> SenderRef:
-    return SenderRef(actor=None, budget=budget, chunk_size=32)
+    limits = ClientLimits(max_batch_size=4, max_inflight_inputs=budget, payload_limit=2_000_000)
+    plan = SenderPlan((ServerPlan(Endpoint("http://127.0.0.1:1"), limits),), route="embed", embed=EmbedOptions(),
+                      dimension=384)
+    return SenderRef(actor=None, plan=plan)
 
 
 def test_small_shards_are_grouped_until_a_task_holds_the_budget(job_file: Callable[..., Path], tmp_path: Path) -> None:

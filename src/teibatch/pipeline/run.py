@@ -270,13 +270,23 @@ def _warm_up(servers: int, shards: int) -> list[Any]:
     by the first chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
-    warm = ray.remote(num_cpus=1)(warm_worker)
-    if crash_settings := task_environment():  # the shard tasks' environment, or they would not share workers
-        warm = warm.options(runtime_env={"env_vars": crash_settings})
+    warm = _as_shard_work(warm_worker)
     workers = max(1, min(shards, os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1))))
     ready = [warm.remote() for _ in range(workers)] + [actor.stats.remote() for actor in actors]
     ray.wait(ready, num_returns=len(ready), timeout=WARM_UP_TIMEOUT_S)
     return actors
+
+
+def _as_shard_work(function: Callable[..., Any]) -> Any:
+    """``function`` as a Ray task on the shard workers: one CPU, the run's task environment.
+
+    Warm-up and shard tasks share these options, or they would not share worker processes.
+    """
+    # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
+    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(function)
+    if crash_settings := task_environment():
+        task = task.options(runtime_env={"env_vars": crash_settings})
+    return task
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:
@@ -359,10 +369,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
               senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
               reporter: Reporter, job: JobSpec, interrupts: Interrupts) -> None:
     """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report."""
-    # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
-    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(shard_task)
-    if crash_settings := task_environment():
-        task = task.options(runtime_env={"env_vars": crash_settings})
+    task = _as_shard_work(shard_task)
     context_ref = ray.put(context)
     queue = list(reversed(_tasks(job, senders, pending)))
     in_flight = _tasks_in_flight(job, senders, queue)

@@ -211,9 +211,15 @@ class SenderRef:
     """A sender as shard tasks see it: the actor handle and the shape of its work."""
 
     actor: Any  # ray.actor.ActorHandle of SenderActor
-    budget: int
-    chunk_size: int
-    plan: SenderPlan | None = None
+    plan: SenderPlan
+
+    @property
+    def budget(self) -> int:
+        return self.plan.budget
+
+    @property
+    def chunk_size(self) -> int:
+        return self.plan.chunk_size
 
 
 def launch_senders(count: int) -> list[Any]:
@@ -240,7 +246,7 @@ def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = No
         raise ValueError(f"{len(plans)} sender plans for {len(actors)} sender actors")
     for actor, plan in zip(actors, plans, strict=True):
         actor.prepare.remote(plan)
-    return [SenderRef(actor, plan.budget, plan.chunk_size, plan) for actor, plan in zip(actors, plans, strict=True)]
+    return [SenderRef(actor, plan) for actor, plan in zip(actors, plans, strict=True)]
 
 
 def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict[str, object]]:
