@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,7 @@ from teibatch.sink import (
     OutputStore,
     VectorSchema,
     WriteOptions,
+    rejects_table,
     remove_stale,
     vectors_table,
     write_part,
@@ -53,6 +57,39 @@ def test_unique_columns_are_written_plainly_and_kept_fields_with_dictionaries(tm
     assert any("DICTIONARY" in encoding for encoding in columns["lang"].encodings)
     assert not columns["embedding"].is_stats_set
     assert columns["id"].is_stats_set and columns["id"].statistics.min == "id-0"
+
+
+def test_parts_round_trip_non_ascii_empty_and_truncated_rows(tmp_path: Path) -> None:
+    schema = VectorSchema(dimension=2)
+    ids = ["é-1", "", "日本-3", "x" * 300]
+    flags = np.array([True, False, False, True])
+    table = vectors_table(schema, ids, np.ones((4, 2), dtype=np.float32), ["h"] * 4, {}, truncated=flags)
+    relative = write_part(OutputStore(str(tmp_path)), "vectors", "s1", table, WriteOptions())
+    read = pq.read_table(tmp_path / relative)
+    assert read.column("id").to_pylist() == ids
+    assert read.column("truncated").to_pylist() == flags.tolist()
+    empty = vectors_table(schema, [], np.zeros((0, 2), dtype=np.float32), [], {})
+    assert empty.num_rows == 0 and empty.schema == schema.arrow()
+    rejects = rejects_table(["a", "ü"], ["too_long", "empty"], ["", "détail"])
+    assert rejects.to_pylist()[1] == {"id": "ü", "reason": "empty", "detail": "détail"}
+
+
+def test_parts_without_kept_fields_do_not_import_pandas(tmp_path: Path) -> None:
+    # pyarrow imports pandas on a process's first pa.array (0.3-0.5 s of CPU in each shard worker).
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from teibatch.sink import OutputStore, VectorSchema, WriteOptions, rejects_table, vectors_table, write_part
+        store = OutputStore({str(tmp_path)!r})
+        table = vectors_table(VectorSchema(dimension=3), ["a", "b"], np.ones((2, 3), dtype=np.float32),
+                              ["h1", "h2"], {{}}, truncated=np.array([False, True]))
+        write_part(store, "vectors", "s1", table, WriteOptions())
+        write_part(store, "rejects", "s1", rejects_table(["c"], ["empty"], ["no text"]), WriteOptions())
+        print("pandas" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"
+    assert pq.read_table(tmp_path / "vectors" / "part-s1.parquet").column("truncated").to_pylist() == [False, True]
 
 
 def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:

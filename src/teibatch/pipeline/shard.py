@@ -80,7 +80,8 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
     yield_to_senders()
-    warm_up_once()
+    if context.schema.kept or any(previous):
+        warm_up_once()
     node = ray.get_runtime_context().get_node_id()
     if len(shards) == 1:
         outcomes: list[ShardOutcome | BaseException] = [
@@ -97,11 +98,10 @@ def warm_worker() -> None:
     """A Ray task that readies a worker process for the shard tasks that follow it.
 
     A worker's first task waits half a second for Ray to load the function and, with it, this module
-    and its imports; the driver runs this task before it meets the servers (``pipeline/run.py``), so
-    that the first shard tasks start at once on the same worker, the Parquet side's one-time work
-    under way. The worker's priority is left alone: Ray may give the process to a sender next.
+    and its imports: that loading is this task's whole work. The driver runs it before it meets the
+    servers (``pipeline/run.py``), so that the first shard tasks start at once on the same worker.
+    The worker's priority is left alone: Ray may give the process to a sender next.
     """
-    warm_up_once()
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -121,6 +121,7 @@ def warm_up_once() -> None:
 
     A shard's writing comes after its last vector, and at the end of a run the servers wait for it;
     what only has to happen once per process (see :func:`teibatch.sink.warm_up`) need not be there.
+    Only a shard with kept fields or earlier parts needs it.
     """
     global _warming
     if _warming is None:
@@ -193,18 +194,25 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                             seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
                             unfinished=len(unfinished),
                             unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
-    vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
-    ok = np.zeros(len(documents), dtype=bool)
-    truncated = np.zeros(len(documents), dtype=bool)
-    for position, (_, vector, was_truncated) in kept_vectors:
-        vectors[position], truncated[position], ok[position] = vector, was_truncated, True
-    if to_embed:
-        positions = np.asarray(to_embed, dtype=np.int64)
-        vectors[positions] = result.vectors
-        ok[positions] = result.ok
-        truncated[positions] = result.truncated
-        rejects += [Reject(documents[to_embed[f.position]].id, f.reason, f.detail) for f in result.failures]
-    kept = [position for position in range(len(documents)) if ok[position]]
+    # Each copy of a shard's vectors comes after its last one is back, while the servers may wait: the
+    # senders' result is used as it is when it covers the whole shard, and filtered only if needed.
+    if len(to_embed) == len(documents):
+        vectors, ok, truncated = result.vectors, result.ok, result.truncated
+    else:
+        vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
+        ok = np.zeros(len(documents), dtype=bool)
+        truncated = np.zeros(len(documents), dtype=bool)
+        for position, (_, vector, was_truncated) in kept_vectors:
+            vectors[position], truncated[position], ok[position] = vector, was_truncated, True
+        if to_embed:
+            positions = np.asarray(to_embed, dtype=np.int64)
+            vectors[positions] = result.vectors
+            ok[positions] = result.ok
+            truncated[positions] = result.truncated
+    rejects += [Reject(documents[to_embed[f.position]].id, f.reason, f.detail) for f in result.failures]
+    kept = np.flatnonzero(ok)
+    if len(kept) < len(documents):
+        vectors, truncated = vectors[kept], truncated[kept]
     # Rejects first: the vectors part is the one a reader sees, so it comes last.
     write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
                                                            [r.detail for r in rejects]), context.write)
@@ -212,9 +220,9 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     table = vectors_table(
         context.schema,
         ids=[documents[p].id for p in kept],
-        vectors=vectors[kept],
+        vectors=vectors,
         hashes=[hashes[p] for p in kept],
-        truncated=truncated[kept],
+        truncated=truncated,
         kept={name: [documents[p].fields.get(name) for p in kept] for name in context.schema.kept},
     )
     write_part(store, VECTORS_DIR, shard.id, table, context.write)

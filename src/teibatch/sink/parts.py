@@ -68,17 +68,36 @@ def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray,
     """
     arrow = schema.arrow()
     values = np.ascontiguousarray(vectors, dtype=np.float16 if schema.vector_type == "float16" else np.float32)
-    embedding = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), schema.dimension)
+    embedding = pa.FixedSizeListArray.from_arrays(
+        pa.Array.from_buffers(schema.value_type, values.size, [None, pa.py_buffer(values.reshape(-1))]),
+        schema.dimension)
     flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    columns: list[pa.Array] = [pa.array(ids, pa.string()), embedding, pa.array(hashes, pa.string()),
-                               pa.array(flags, pa.bool_())]
+    columns: list[pa.Array] = [_string_array(ids), embedding, _string_array(hashes), _bool_array(flags)]
     columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
     return pa.Table.from_arrays(columns, schema=arrow)
 
 
 def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[str]) -> pa.Table:
-    return pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(reasons, pa.string()),
-                                 pa.array(details, pa.string())], schema=REJECTS_SCHEMA)
+    return pa.Table.from_arrays([_string_array(ids), _string_array(reasons), _string_array(details)],
+                                schema=REJECTS_SCHEMA)
+
+
+# Parts' fixed columns are built from their buffers rather than with ``pa.array``, which imports
+# pandas on a process's first call wherever pandas is installed (Ray's extras install it): 0.3-0.5 s
+# of CPU in every shard worker, spent at the end of its first shard while the servers wait.
+def _string_array(values: Sequence[str]) -> pa.Array:
+    """``values`` (no ``None``) as an Arrow ``string`` array."""
+    encoded = [value.encode() for value in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:  # past string's 32-bit offsets: let pyarrow split it
+        return pa.array(values, pa.string())
+    return pa.Array.from_buffers(pa.string(), len(encoded),
+                                 [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
+
+
+def _bool_array(flags: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.bool_(), len(flags), [None, pa.py_buffer(np.packbits(flags, bitorder="little"))])
 
 
 def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Table,
@@ -95,10 +114,11 @@ def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Tabl
 
 
 def warm_up() -> None:
-    """Do pyarrow's one-time work of a first conversion now (call it in a background thread).
+    """Do pyarrow's one-time work of a first ``pa.array`` now (call it in a background thread).
 
-    pyarrow imports pandas, when installed, on the first ``pa.array`` of a process (half a second
-    of CPU); a shard task does that while its texts are out being embedded rather than after.
+    Only a part with kept fields, or reading an earlier run's parts, calls ``pa.array`` (see
+    :func:`_string_array`), and pyarrow imports pandas, when installed, on the first call of a process
+    (half a second of CPU); a shard task that will need it does that while its texts are being embedded.
     """
     pa.array(["warm"], pa.string())
 
