@@ -31,6 +31,7 @@ from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
+from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
@@ -67,8 +68,6 @@ SPARE_TASKS_PER_SENDER = 1
 MAX_SHARDS_PER_TASK = 16
 # The longest the run waits for its senders and first workers to start before it meets the servers.
 WARM_UP_TIMEOUT_S = 60.0
-# Shard tasks added to the start-up allowance each time one finishes (see _schedule).
-TASKS_ADDED_PER_FINISH = 2
 
 
 def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None,
@@ -232,7 +231,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             reinstall(interrupts)
             interrupts.check()
             warming = time.monotonic()
-            actors: list[Any] = _warm_up(len(endpoints), len(pending))
+            one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
+            actors: list[Any] = _warm_up(len(endpoints), _workers_to_warm(one_machine, len(pending)))
             summary.timings["warm_up_s"] = time.monotonic() - warming
             try:
                 met = time.monotonic()
@@ -251,7 +251,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 actors = [s.actor for s in senders]
                 reporter.start(len(pending), sum(s.size for s in pending))
                 _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
-                          job, interrupts)
+                          job, interrupts, one_machine)
                 summary.timings["embed_s"] = time.monotonic() - clock
             finally:
                 summary.servers = stop_senders(actors)
@@ -260,21 +260,27 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
 
-def _warm_up(servers: int, shards: int) -> list[Any]:
-    """Start the senders' processes and ready the first shard tasks' workers; return the sender actors.
+def _warm_up(servers: int, workers: int) -> list[Any]:
+    """Start the senders' processes and ready ``workers`` shard workers; return the sender actors.
 
     Done before the servers are met, so that from their first request on they wait for no process
     start-up: an actor's process takes half a second or more to start, and a worker's first task as
     long before it runs (Ray loads the function and its modules). The warm-up tasks are waited for,
-    so that their workers are free again for the shard tasks; a sender that fails to start is found
-    by the first chunk sent to it.
+    so that their workers are free again for the first shard tasks. A sender that fails to start is
+    found by the first chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
     warm = _as_shard_work(warm_worker)
-    workers = max(1, min(shards, os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1))))
-    ready = [warm.remote() for _ in range(workers)] + [actor.stats.remote() for actor in actors]
+    ready = [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
     ray.wait(ready, num_returns=len(ready), timeout=WARM_UP_TIMEOUT_S)
     return actors
+
+
+def _workers_to_warm(one_machine: bool, shards: int) -> int:
+    """One worker on one machine, where the others start later (``pipeline/ramp.py``); else one per core."""
+    if one_machine:
+        return 1
+    return max(1, min(shards, os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1))))
 
 
 def _as_shard_work(function: Callable[..., Any]) -> Any:
@@ -367,23 +373,22 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
 
 def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
               senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
-              reporter: Reporter, job: JobSpec, interrupts: Interrupts) -> None:
+              reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool) -> None:
     """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report."""
     task = _as_shard_work(shard_task)
     context_ref = ray.put(context)
     queue = list(reversed(_tasks(job, senders, pending)))
     in_flight = _tasks_in_flight(job, senders, queue)
-    # Start with as many tasks as this machine has cores and add more as tasks finish: Ray has a
-    # worker process waiting per core, any further one takes a second or more of CPU to start, and
-    # starting them all at once delays the first chunks — and so the servers — by seconds.
-    allowed = min(in_flight, max(1, os.cpu_count() or 1))
+    alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
+    ramp = TaskRamp(in_flight, os.cpu_count() or 1, time.monotonic(), alone_s=alone_s)
     running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
     deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
     news_due = time.monotonic() + NEWS_INTERVAL_S
     try:
         while queue or running_refs:
             interrupts.check()
-            while queue and len(running_refs) < allowed:
+            ramp.tick(time.monotonic())
+            while queue and len(running_refs) < ramp.allowed:
                 shards = queue.pop()
                 running_refs[task.remote(shards, context_ref, senders, tuple(previous(s) for s in shards))] = shards
             now = time.monotonic()
@@ -396,10 +401,12 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
                     reporter.message(line, event="server_fault")
                 news_due = now + NEWS_INTERVAL_S
             wait = min(NEWS_INTERVAL_S, deadline - now) if deadline is not None else NEWS_INTERVAL_S
+            if (to_change := ramp.seconds_to_change(now)) is not None:
+                wait = min(wait, to_change)
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
             for ref in done:
                 shards = running_refs.pop(ref)
-                allowed = min(in_flight, allowed + TASKS_ADDED_PER_FINISH)
+                ramp.task_finished(time.monotonic())
                 try:
                     outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
