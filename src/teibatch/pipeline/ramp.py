@@ -38,9 +38,8 @@ class TaskRamp:
 
     def task_finished(self, now: float) -> None:
         """One more task may run, past the first one's time alone (before it, the freed worker takes the next)."""
-        self.tick(now)
         if now >= self._alone_until:
-            self.allowed = min(self.limit, self.allowed + TASKS_ADDED_PER_FINISH)
+            self.allowed = min(self.limit, max(self.allowed, self._after_alone) + TASKS_ADDED_PER_FINISH)
 
     def seconds_to_change(self, now: float) -> float | None:
         """How long until :meth:`tick` raises the allowance; ``None`` when it will not."""

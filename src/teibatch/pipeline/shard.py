@@ -213,21 +213,22 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     kept = np.flatnonzero(ok)
     if len(kept) < len(documents):
         vectors, truncated = vectors[kept], truncated[kept]
+    rows = kept.tolist()  # plain ints: the per-document lists below index Python lists
     # Rejects first: the vectors part is the one a reader sees, so it comes last.
     write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
                                                            [r.detail for r in rejects]), context.write)
     crashpoint("shard-write")
     table = vectors_table(
         context.schema,
-        ids=[documents[p].id for p in kept],
+        ids=[documents[p].id for p in rows],
         vectors=vectors,
-        hashes=[hashes[p] for p in kept],
+        hashes=[hashes[p] for p in rows],
         truncated=truncated,
-        kept={name: [documents[p].fields.get(name) for p in kept] for name in context.schema.kept},
+        kept={name: [documents[p].fields.get(name) for p in rows] for name in context.schema.kept},
     )
     write_part(store, VECTORS_DIR, shard.id, table, context.write)
     return ShardOutcome(
-        shard_id=shard.id, read=read, rows=len(kept), rejects=len(rejects), reused=reused,
+        shard_id=shard.id, read=read, rows=len(rows), rejects=len(rejects), reused=reused,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
     )
