@@ -227,7 +227,8 @@ def main() -> None:
         for url, stats in sorted(ours.report.items()):
             print(f"  {url}: {stats['requests']} requests, {stats['mean_inputs_per_request']} inputs/request, "
                   f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}, "
-                  f"mean in flight {stats['mean_in_flight']}")
+                  f"mean in flight {stats['mean_in_flight']}, copies answered first {stats.get('copies_won')} of "
+                  f"{stats.get('copies')}")
     print("\n| scenario | teibatch s | loop s | ratio | busy share teibatch (min) | busy share loop (min) |")
     print("|---|---|---|---|---|---|")
     for scenario, ours, theirs in rows:

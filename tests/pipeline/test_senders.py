@@ -25,6 +25,7 @@ from teibatch.pipeline.senders import (
     SERVERS_PER_SENDER,
     SenderCore,
     SenderPlan,
+    Streams,
     embed_through_senders,
     plan_senders,
     start_senders,
@@ -75,6 +76,48 @@ def test_concurrent_chunks_share_one_budget_in_full_batches() -> None:
     report = core.stats()[url]
     assert report["max_in_flight"] == 8 and report["mean_inputs_per_request"] == 4.0
     assert 0 < report["busy_share"] <= 1  # type: ignore[operator]
+
+
+def test_streams_say_all_work_is_in_once_every_last_shard_has_sent_everything() -> None:
+    streams = Streams()
+    assert not streams.all_in()  # the driver has not said which shards are the last ones
+    streams.finished("a")
+    streams.last_ones(["a", "b"])
+    assert not streams.all_in()
+    streams.finished("b")
+    assert streams.all_in()
+    woken: list[str] = []
+    streams.changed = lambda: woken.append("woken")
+    streams.finished("b")  # said twice: nothing changes
+    streams.finished("c")
+    assert woken == ["woken"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("last_shards_done", [True, False])
+def test_a_sender_copies_slow_requests_to_an_idle_server_only_at_the_end(last_shards_done: bool) -> None:
+    # One server answers in milliseconds, the other holds its requests for seconds: once every shard has
+    # sent its texts, the fast one answers copies of the slow one's last requests; before, never.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=16, simulate_gpu=300,
+                        max_batch_requests=1) as slow, \
+            running_server(max_client_batch_size=4, max_concurrent_requests=16) as fast:
+        core = SenderCore(plan_for([slow, fast], inflight=16))
+        if last_shards_done:
+            core.streams.last_ones([])
+
+        async def send() -> None:
+            try:
+                result = await core.embed([f"text {i}" for i in range(200)])
+            finally:
+                await core.close()
+            assert result.ok.all() and not result.failures
+
+        asyncio.run(send())
+    report = core.stats()
+    if last_shards_done:
+        assert int(report[fast]["copies_won"]) > 0  # type: ignore[call-overload]
+    else:
+        assert report[fast]["copies"] == 0 and report[slow]["copies"] == 0
 
 
 def test_senders_are_sized_by_servers() -> None:
@@ -146,6 +189,25 @@ def test_a_killed_sender_is_replaced_and_every_document_lands_once(tmp_path: Pat
     (seen,) = report["servers"].values()  # type: ignore[attr-defined]
     assert seen["max_in_flight"] == 8
     assert server["inputs_embedded"] >= 240
+
+
+@pytest.mark.timeout(240)
+def test_at_the_end_of_a_run_an_idle_server_answers_for_a_slow_one(tmp_path: Path, ray_session: None) -> None:
+    # The driver names the last shards, each shard says when it has sent everything: then the senders
+    # copy the slow server's last requests to the idle one. Every document lands once all the same.
+    address = ray.get_runtime_context().gcs_address
+    with running_server(subprocess=True, max_client_batch_size=4, max_concurrent_requests=16, simulate_gpu=300,
+                        max_batch_requests=1) as slow, \
+            running_server(subprocess=True, max_client_batch_size=4, max_concurrent_requests=16) as fast:
+        done = subprocess.run([sys.executable, "-m", "teibatch", "run", str(static_job(tmp_path, [slow, fast])), "-q",
+                               "--ray-address", address], env=os.environ.copy(), capture_output=True, text=True,
+                              timeout=200, check=False)
+        assert done.returncode == 0, done.stderr
+        violations = [stats(url)["violations"] for url in (slow, fast)]
+    report = check_output(tmp_path / "out")
+    servers = report["servers"]
+    assert int(servers[fast]["copies_won"]) > 0, servers  # type: ignore[index]
+    assert violations == [{"batch_size": 0, "payload": 0, "inflight": 0, "input_length": 0}] * 2
 
 
 @pytest.mark.timeout(120)

@@ -247,6 +247,10 @@ SERVER_GAUGES = (  # report field, metric name, help
      "to its last answer with a request in flight."),
     ("seconds", "teibatch_run_server_request_seconds", "Sum of the durations of each server's answered requests."),
     ("window", "teibatch_run_server_window", "Each server's concurrency window (inputs) at the end of the run."),
+    ("copies", "teibatch_run_server_copies", "Copies of other servers' last requests each server was sent at the "
+     "end of the latest run (tail hedging)."),
+    ("copies_won", "teibatch_run_server_copies_answered_first", "Copies each server answered before the original's "
+     "server did."),
 )
 
 

@@ -35,12 +35,14 @@ from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
+    last_streams,
     launch_senders,
     plan_senders,
     sender_count,
     sender_news,
     start_senders,
     stop_senders,
+    streams_done,
 )
 from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
@@ -384,6 +386,7 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
     running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
     deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
     news_due = time.monotonic() + NEWS_INTERVAL_S
+    last_started = False  # the senders know which shards are the last ones (their tail hedging waits for it)
     try:
         while queue or running_refs:
             interrupts.check()
@@ -391,6 +394,9 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
             while queue and len(running_refs) < ramp.allowed:
                 shards = queue.pop()
                 running_refs[task.remote(shards, context_ref, senders, tuple(previous(s) for s in shards))] = shards
+            if not queue and not last_started:
+                last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
+                last_started = True
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 summary.errors.append(f"limits.max_runtime ({job.limits.max_runtime:.0f}s) reached")
@@ -407,6 +413,8 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
             for ref in done:
                 shards = running_refs.pop(ref)
                 ramp.task_finished(time.monotonic())
+                if last_started:  # also for a task that died before it could say so itself
+                    streams_done(senders, (s.id for s in shards))
                 try:
                     outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it

@@ -15,9 +15,15 @@ last shard of a run included, and a task that is reading or writing holds none o
 * Inside a sender, chunks are admitted oldest shard task first (``pipeline/admission.py``); enough
   of them at once to fill every server's window, and no more, so a chunk's requests go out together
   and it comes back soon, and tasks finish one after another instead of all at once.
+* At the end of a run, idle servers take copies of the requests that would land last (tail
+  hedging, ``tei/hedging.py``). A sender allows it once it knows no more texts will come: the driver
+  names the shards still running when it has started the last task (:meth:`SenderActor.last_streams`),
+  and each shard says when it has sent its last chunk (:meth:`SenderActor.stream_done`; the driver
+  says it for a task that ended without doing so).
 * A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
   chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
-  leaves nothing counted anywhere: in-flight counts live only inside the sender that sends.
+  leaves nothing counted anywhere: in-flight counts live only inside the sender that sends. A
+  restarted sender does not know which shards are done, and never copies requests.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import functools
 import math
 import ssl
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -93,14 +99,39 @@ def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptio
                        request_timeout, max_retries) for i in range(count)]
 
 
+class Streams:
+    """Which shards' texts have all been sent here, and which shards the driver said are the last ones."""
+
+    def __init__(self) -> None:
+        self.last: frozenset[str] | None = None
+        self.done: set[str] = set()
+        self.changed: Callable[[], None] = lambda: None
+
+    def finished(self, stream: str) -> None:
+        """Shard ``stream`` has sent its last chunk (or its task ended)."""
+        if stream not in self.done:
+            self.done.add(stream)
+            self.changed()
+
+    def last_ones(self, streams: Iterable[str]) -> None:
+        """No shard other than ``streams`` will send anything any more."""
+        self.last = frozenset(streams)
+        self.changed()
+
+    def all_in(self) -> bool:
+        """Every text of the run has been sent to this sender."""
+        return self.last is not None and self.last <= self.done
+
+
 class SenderCore:
     """One sender's work, on its own event loop: a pool of its servers shared by every chunk.
 
     Plain Python so that it can be tested without Ray; :class:`SenderActor` hosts it in Ray.
     """
 
-    def __init__(self, plan: SenderPlan) -> None:
+    def __init__(self, plan: SenderPlan, streams: Streams | None = None) -> None:
         self.plan = plan
+        self.streams = streams or Streams()
         self._pool: EndpointPool | None = None
         self._packer: RequestPacker | None = None
         self._http: httpx.AsyncClient | None = None
@@ -124,6 +155,9 @@ class SenderCore:
             self._pool.probe_request = self._packer.probe()
             # Enough chunks at once to fill every window, plus two starting while others end.
             self._admission = OldestFirst(math.ceil(plan.budget / plan.chunk_size) + 2)
+            admission = self._admission
+            self._pool.all_work_in = lambda: self.streams.all_in() and not admission.waiting
+            self.streams.changed = self._pool.wake
         return self._pool, self._packer, self._admission
 
     async def connect(self) -> None:
@@ -184,6 +218,7 @@ class SenderActor:
 
     def __init__(self) -> None:
         self.core: SenderCore | None = None
+        self.streams = Streams()
 
     async def warm(self) -> None:
         """Do the one-time set-up that needs no plan (see :func:`tls_context`) before the servers are met."""
@@ -196,9 +231,17 @@ class SenderActor:
     async def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
         return await self._core(plan).embed(texts, priority)
 
+    async def stream_done(self, stream: str) -> None:
+        """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
+        self.streams.finished(stream)
+
+    async def last_streams(self, streams: list[str]) -> None:
+        """Only ``streams`` may still send chunks (see :class:`Streams`)."""
+        self.streams.last_ones(streams)
+
     def _core(self, plan: SenderPlan) -> SenderCore:
         if self.core is None:
-            self.core = SenderCore(plan)
+            self.core = SenderCore(plan, self.streams)
         return self.core
 
     async def stats(self) -> dict[str, dict[str, object]]:
@@ -291,12 +334,26 @@ def sender_news(senders: Sequence[SenderRef], timeout: float = 2.0) -> list[str]
     return lines
 
 
+def last_streams(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
+    """Tell every sender that only the shards ``streams`` may still send texts (it does not wait)."""
+    names = sorted(streams)
+    for sender in senders:
+        sender.actor.last_streams.remote(names)
+
+
+def streams_done(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
+    """Tell every sender that the shards ``streams`` will send nothing more (it does not wait)."""
+    for stream in streams:
+        for sender in senders:
+            sender.actor.stream_done.remote(stream)
+
+
 class SenderFailed(TeibatchError):
     """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
 
 
 def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
-                          priority: float = 0.0) -> EmbedResult:
+                          priority: float = 0.0, stream: str | None = None) -> EmbedResult:
     """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
 
     ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
@@ -309,7 +366,31 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
     this task alone can keep every server full while the others read or write; new chunks go to the sender
     with the fewest of this task's inputs outstanding, so a faster sender gets more. A sender whose
     servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
+
+    ``stream``: the shard's id, told to every sender once its last chunk is out (see :class:`Streams`).
     """
+    all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
+    try:
+        return _send_in_chunks(texts, senders, dimension, priority, all_sent)
+    finally:
+        all_sent()  # a shard that failed sends nothing more either
+
+
+class _Once:
+    """Calls its action the first time it is called, and never again."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int, priority: float,
+                    all_sent: Callable[[], None]) -> EmbedResult:
+    """The work of :func:`embed_through_senders`; ``all_sent`` is called once the last chunk is out."""
     chunk_size = min(s.chunk_size for s in senders)
     source = iter(texts)
     count = 0  # texts read from ``source`` so far
@@ -334,6 +415,8 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
             start, chunk = unsent.popleft()
             outstanding[senders[index].actor.embed.remote(chunk, priority, senders[index].plan)] = (start, chunk, index)
             load[index] += len(chunk)
+        if exhausted and not unsent:
+            all_sent()
         if not outstanding:
             break
         done, _ = ray.wait(list(outstanding), num_returns=1, timeout=WAIT_SLICE_S)

@@ -185,7 +185,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                 yield document.text
 
     # Reading streams into the senders: the first chunk is on its way before the shard is read.
-    result = embed_through_senders(texts_to_embed(), senders, context.schema.dimension, priority=task_started)
+    result = embed_through_senders(texts_to_embed(), senders, context.schema.dimension, priority=task_started,
+                                   stream=shard.id)
     read = len(documents) + len(rejects)
     reused = len(kept_vectors)
     unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]

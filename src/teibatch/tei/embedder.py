@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from teibatch.errors import (
     TooManyInputs,
 )
 from teibatch.tei.client import EmbedRequest
+from teibatch.tei.hedging import Flight
 from teibatch.tei.packing import ON_TOO_LONG_TRUNCATE, RequestPacker
 from teibatch.tei.pool import EndpointPool, Server
 from teibatch.tei.work import (
@@ -96,6 +98,14 @@ async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence
     return await _Run(pool, packer, texts, dimension, max_retries).execute()
 
 
+@dataclass(eq=False)
+class _Flight(Flight):
+    """A request of one :func:`embed_texts` call: the texts it carries and the unit they came back as."""
+
+    unit: Unit | None = None
+    items: list[Item] = field(default_factory=list)
+
+
 class _Run:
     """One call of :func:`embed_texts`: a dispatcher loop that starts requests while servers have room."""
 
@@ -113,21 +123,32 @@ class _Run:
         self.vectors = np.zeros((len(texts), dimension), dtype=np.float32)
         self.ok = np.zeros(len(texts), dtype=bool)
         self.truncated = np.zeros(len(texts), dtype=bool)
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.flights: dict[asyncio.Task[None], _Flight] = {}
         self.fatal: BaseException | None = None
         self.wake = asyncio.Event()
 
     async def execute(self) -> EmbedResult:
         self.pool.listeners.append(self.wake.set)
+        self.pool.unsent_work.append(self._has_unsent)
+        finished = False
         try:
             await self._dispatch()
+            finished = True
         finally:
             self.pool.listeners.remove(self.wake.set)
-            for task in self.tasks:
-                task.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            self.pool.unsent_work.remove(self._has_unsent)
+            for task in self.flights:
+                if finished:
+                    self.pool.outrun(task)  # its twin answered; its own answer releases its budget
+                else:
+                    task.cancel()
+            if not finished:
+                await asyncio.gather(*self.flights, return_exceptions=True)
         failures = sorted(self.queue.failures, key=lambda f: f.position)
         return EmbedResult(self.vectors, self.ok, failures, self.truncated)
+
+    def _has_unsent(self) -> bool:
+        return not self.queue.empty()
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -135,10 +156,10 @@ class _Run:
             self.wake.clear()
             if self.fatal is not None:
                 raise self.fatal
-            if self.queue.empty() and not self.tasks:
+            if self.queue.empty() and all(flight.settled for flight in self.flights.values()):
                 return
             self.pool.check_alive()
-            if self._start_one(loop.time()):
+            if self._start_one(loop.time()) or self.pool.hedge():
                 continue
             timeout = self.pool.probe_interval
             due = self.queue.next_due()
@@ -157,48 +178,81 @@ class _Run:
             room = min(server.room(), self.packer.max_batch_size)
             items = self.queue.take(unit, room, min(server.payload_limit, self.packer.payload_limit))
             if items:
-                self.pool.reserve(server, len(items))
-                task = asyncio.get_running_loop().create_task(self._request(server, unit, items))
-                self.tasks.add(task)
-                task.add_done_callback(self._finished)
+                request = self.queue.packer_for(unit).request([i.encoded for i in items], sum(i.chars for i in items))
+                flight = _Flight(server, request, self.pool.next_order(), unit=unit, items=items)
+                flight.copy_to = functools.partial(self._send_copy, flight)
+                self._send(flight)
             return True
         return False
 
+    def _send(self, flight: _Flight) -> None:
+        self.pool.reserve(flight.server, flight.request.count)
+        self.pool.flights.add(flight)
+        task = asyncio.get_running_loop().create_task(self._request(flight))
+        self.flights[task] = flight
+        task.add_done_callback(self._finished)
+
+    def _send_copy(self, original: _Flight, server: Server) -> None:
+        """A copy of ``original`` to ``server`` (see ``tei/hedging.py``): the first of the two answers wins."""
+        copy = _Flight(server, original.request, self.pool.next_order(), twin=original, is_copy=True,
+                       unit=original.unit, items=original.items)
+        original.twin = copy
+        server.stats.copies += 1
+        self._send(copy)
+
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.fatal is None:
+        flight = self.flights.pop(task, None)
+        failed = not task.cancelled() and task.exception() is not None
+        if failed and self.fatal is None and (flight is None or not flight.settled):
             self.fatal = task.exception()
         self.wake.set()
 
-    async def _request(self, server: Server, unit: Unit | None, items: list[Item]) -> None:
-        packer = self.queue.packer_for(unit)
-        request = packer.request([i.encoded for i in items], sum(i.chars for i in items))
+    async def _request(self, flight: _Flight) -> None:
+        server, items = flight.server, flight.items
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        released = False
         try:
-            try:
-                vectors = await server.client.embed(request)
-                if vectors.shape != (len(items), self.dimension):
-                    raise ServerFault(f"answered {vectors.shape[0]} vectors of dimension {vectors.shape[1]} for "
-                                      f"{len(items)} inputs, expected dimension {self.dimension}",
-                                      server=server.url, kind="wrong shape")
-            except TeiError as exc:
-                self.pool.release(server, len(items))
-                released = True
-                server.stats.count_error(type(exc).__name__)
-                self._handle(server, unit, items, exc, request, sent_at)
-                return
-            self.pool.release(server, len(items))
-            released = True
-            self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time())
+            vectors = await server.client.embed(flight.request)
+            if vectors.shape != (len(items), self.dimension):
+                raise ServerFault(f"answered {vectors.shape[0]} vectors of dimension {vectors.shape[1]} for "
+                                  f"{len(items)} inputs, expected dimension {self.dimension}",
+                                  server=server.url, kind="wrong shape")
+        except TeiError as exc:
+            self._land(flight)
+            server.stats.count_error(type(exc).__name__)
+            if flight.settled or flight.twin_out:
+                self._note_fault(server, exc, sent_at)  # the texts are answered, or their twin may yet answer
+            else:
+                self._handle(server, flight.unit, items, exc, flight.request, sent_at)
+            return
         finally:
-            if not released:
-                self.pool.release(server, len(items))
+            self._land(flight)
+        self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time())
+        if flight.settled:
+            return  # its twin answered first
+        flight.answered = True
+        if flight.is_copy:
+            server.stats.copies_won += 1
         positions = np.fromiter((i.position for i in items), dtype=np.int64, count=len(items))
         self.vectors[positions] = vectors
         self.ok[positions] = True
         self.truncated[positions] = [i.truncated for i in items]
+
+    def _land(self, flight: _Flight) -> None:
+        """``flight`` is back (answered or not): its inputs leave its server's budget, once."""
+        if not flight.landed:
+            flight.landed = True
+            self.pool.flights.discard(flight)
+            self.pool.release(flight.server, flight.request.count)
+
+    def _note_fault(self, server: Server, exc: TeiError, sent_at: float) -> None:
+        """What a failed request says about its server, when its texts need nothing more from it."""
+        if isinstance(exc, TeiOverloaded):
+            self.pool.overloaded(server, sent_at=sent_at, now=asyncio.get_running_loop().time())
+        elif isinstance(exc, TeiUnavailable):
+            self.pool.failed(server, exc)
+        elif not isinstance(exc, (PayloadTooLarge, TooManyInputs, InputTooLong, TeiRequestError)):
+            raise exc  # 401, wrong model kind: nothing else can succeed
 
     def _handle(self, server: Server, unit: Unit | None, items: list[Item], exc: TeiError,
                 request: EmbedRequest, sent_at: float) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from teibatch.errors import CapacityUnavailable, TeiError
 from teibatch.tei.client import EmbedRequest, TeiClient
+from teibatch.tei.hedging import Flight, plan_copies
 from teibatch.tei.info import ClientLimits
 from teibatch.tei.window import DEFAULT_LATENCY_FACTOR, ConcurrencyWindow
 
@@ -48,6 +49,8 @@ class ServerStats:
     input_seconds: float = 0.0
     first_sent: float | None = None
     last_answer: float | None = None
+    copies: int = 0
+    copies_won: int = 0
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -69,7 +72,7 @@ class ServerStats:
                 "errors": dict(sorted(self.errors.items())), "seconds": round(self.seconds, 3),
                 "marked_down": self.marked_down, "max_in_flight": self.max_in_flight,
                 "mean_inputs_per_request": round(self.inputs / self.requests, 2) if self.requests else None,
-                "busy_seconds": round(self.busy_seconds, 3),
+                "busy_seconds": round(self.busy_seconds, 3), "copies": self.copies, "copies_won": self.copies_won,
                 "mean_in_flight": round(self.input_seconds / span, 1) if (span := self._span()) else None,
                 "busy_share": round(share, 4) if share is not None else None}
 
@@ -136,6 +139,10 @@ class EndpointPool:
 
     Everything runs on one event loop: picking, reserving and releasing never await, so counts
     cannot race. ``listeners`` are called whenever room may have appeared (a server came back).
+
+    ``all_work_in``: set by the caller that knows no more texts will come (a sender, told by the
+    driver); from then on, with nothing left to send, idle servers take copies of the requests that
+    would land last (``tei/hedging.py``). Left ``None``, nothing is ever copied.
     """
 
     def __init__(self, servers: list[Server], *, probe_interval: float = DEFAULT_PROBE_INTERVAL_S,
@@ -149,6 +156,13 @@ class EndpointPool:
         self.listeners: list[Callable[[], None]] = []
         # A one-text request with the run's options: how a server that answered wrongly is re-checked.
         self.probe_request: EmbedRequest | None = None
+        self.all_work_in: Callable[[], bool] | None = None
+        # Requests on their way, over every caller; one "texts left to send?" question per caller.
+        self.flights: set[Flight] = set()
+        self.unsent_work: list[Callable[[], bool]] = []
+        self._flights_sent = 0
+        # Requests whose texts were answered by their twin: they run on until their own answer comes.
+        self._outrun: set[asyncio.Task[None]] = set()
         self._probes: set[asyncio.Task[None]] = set()
         self._all_down_since: float | None = None
         self._closed = False
@@ -207,7 +221,7 @@ class EndpointPool:
         if server.requests_in_flight == 0 and server._busy_since is not None:
             server.stats.busy_seconds += now - server._busy_since
             server._busy_since = None
-        self._notify()
+        self.wake()
 
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
@@ -216,9 +230,36 @@ class EndpointPool:
             server.stats.input_seconds += server.in_flight * (now - server._counted_at)
         server._counted_at = now
 
-    def _notify(self) -> None:
+    def wake(self) -> None:
+        """Tell every caller waiting for room to look again."""
         for listener in list(self.listeners):
             listener()
+
+    def next_order(self) -> int:
+        """A number for the next request sent: later requests get higher ones."""
+        self._flights_sent += 1
+        return self._flights_sent
+
+    def hedge(self) -> bool:
+        """Copy the requests that would land last to the servers that would be free first; True if any.
+
+        Only once ``all_work_in`` says so and no caller has a text left to send (see ``tei/hedging.py``).
+        """
+        if self.all_work_in is None or not self.flights or any(has_unsent() for has_unsent in self.unsent_work):
+            return False
+        if not self.all_work_in():
+            return False
+        copied = False
+        for flight, server in plan_copies(self.servers, self.flights):
+            if flight.copy_to is not None and flight.fits(server):
+                flight.copy_to(server)
+                copied = True
+        return copied
+
+    def outrun(self, task: asyncio.Task[None]) -> None:
+        """Keep ``task`` (a request whose twin answered first) until its own answer releases its budget."""
+        self._outrun.add(task)
+        task.add_done_callback(self._outrun.discard)
 
     def succeeded(self, server: Server, count: int, *, sent_at: float, now: float) -> None:
         server.failures = 0
@@ -268,7 +309,7 @@ class EndpointPool:
                 server.healthy = True
                 server.failures = 0
                 server.window.restart()
-                self._notify()
+                self.wake()
                 return
 
     async def _passes_probe(self, server: Server) -> bool:
@@ -287,10 +328,11 @@ class EndpointPool:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._probes):
+        tasks = [*self._probes, *self._outrun]
+        for task in tasks:
             task.cancel()
         with contextlib.suppress(Exception):
-            await asyncio.gather(*self._probes, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, object]]:
         result = {}
