@@ -352,8 +352,11 @@ def test_a_server_that_never_finishes_an_answer_beside_a_healthy_one(
     assert done.code == 0, done.output
     assert done.seconds < 60, f"took {done.seconds:.1f}s"
     assert_embedded_once(out, {r["id"]: r["text"] for r in rows})
-    report = ended(out).last_report
-    assert report["servers"][slow.url]["inputs"] == 0 and report["servers"][slow.url]["marked_down"] >= 1
+    servers = ended(out).last_report["servers"]
+    assert servers[slow.url]["inputs"] == 0
+    # Its requests timed out and it was taken out, or, at the end of the run, the healthy server
+    # answered copies of them first (tail hedging) and the run ended before their timeouts.
+    assert servers[slow.url]["marked_down"] >= 1 or servers[good.url]["copies_won"] >= 1, servers
 
 
 # -- 6. bad files, bad outputs, bad job files, bad /info, ids -------------------------------------

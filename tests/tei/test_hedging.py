@@ -88,8 +88,9 @@ def test_idle_server_takes_copies_of_the_slow_servers_last_requests(tei: Start) 
         embedded.update(server_side["texts"])
     assert set(embedded) == {text_digest(t) for t in texts}
     assert max(embedded.values()) == 2  # a copy and its original: nothing more
-    answered = sum(int(s["inputs"]) for s in stats.values())  # type: ignore[call-overload]
-    assert sum(embedded.values()) == answered  # the originals' answers came too, after their copies'
+    used = sum(int(s["inputs"]) for s in stats.values())  # type: ignore[call-overload]
+    assert used == len(texts)  # a server's inputs are those its answers were used for
+    assert sum(embedded.values()) > used  # the originals whose copies won were embedded too
 
 
 def test_nothing_is_copied_until_the_caller_says_all_work_is_in(tei: Start) -> None:

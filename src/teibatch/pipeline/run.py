@@ -27,6 +27,7 @@ from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ServerPlan, ShardContext
+from teibatch.pipeline.head_start import HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
@@ -234,13 +235,14 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             warming = time.monotonic()
             one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-            actors: list[Any] = _warm_up(len(endpoints), _workers_to_warm(one_machine, len(pending)))
-            summary.timings["warm_up_s"] = time.monotonic() - warming
+            actors, warming_refs = _start_warm_up(len(endpoints), _workers_to_warm(one_machine, len(pending)))
             try:
+                # The servers are met while the senders' processes and the first workers start.
                 met = time.monotonic()
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
-                summary.timings["fleet_up_s"] = up_s + time.monotonic() - met
+                clock = time.monotonic()
+                summary.timings["fleet_up_s"] = up_s + clock - met
                 _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
@@ -248,13 +250,22 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                                      route=fleet.route, embed=options, dimension=fleet.dimension,
                                      model_id=fleet.model_id, api_key_env=job.servers.api_key_env,
                                      request_timeout=job.client.request_timeout, max_retries=job.client.max_retries)
-                clock = time.monotonic()
                 senders = start_senders(plans, actors)
                 actors = [s.actor for s in senders]
+                context = _context(job, fleet)
+                tasks = _tasks(job, senders, pending)
+                first = tasks[0][0]
+                head = None if previous(first) else send_head_start(context.corpus, first, senders)
+                wait_from = time.monotonic()
+                ray.wait(warming_refs, num_returns=len(warming_refs), timeout=WARM_UP_TIMEOUT_S)
+                waited = time.monotonic() - wait_from
+                # What the warm-up added: its start, and its wait after the handshake (until then it overlapped
+                # with meeting the servers and sending the first texts).
+                summary.timings["warm_up_s"] = met - warming + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
-                _schedule(pending, previous, _context(job, fleet), tuple(senders), manifest, store, summary, reporter,
-                          job, interrupts, one_machine)
-                summary.timings["embed_s"] = time.monotonic() - clock
+                _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter, job,
+                          interrupts, one_machine)
+                summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
                 summary.servers = stop_senders(actors)
     finally:  # after teardown: the instances' whole time
@@ -262,20 +273,19 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
 
-def _warm_up(servers: int, workers: int) -> list[Any]:
-    """Start the senders' processes and ready ``workers`` shard workers; return the sender actors.
+def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[ray.ObjectRef[Any]]]:
+    """Start the senders' processes and ready ``workers`` shard workers: the sender actors, and what to wait for.
 
-    Done before the servers are met, so that from their first request on they wait for no process
+    Started before the servers are met, so that from their first request on they wait for no process
     start-up: an actor's process takes half a second or more to start, and a worker's first task as
-    long before it runs (Ray loads the function and its modules). The warm-up tasks are waited for,
-    so that their workers are free again for the first shard tasks. A sender that fails to start is
-    found by the first chunk sent to it.
+    long before it runs (Ray loads the function and its modules). The warm-up tasks are waited for
+    before the first shard task starts, so that their workers are free again for it (meanwhile the
+    driver meets the servers and sends the first texts, ``pipeline/head_start.py``). A sender that
+    fails to start is found by the first chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
     warm = _as_shard_work(warm_worker)
-    ready = [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
-    ray.wait(ready, num_returns=len(ready), timeout=WARM_UP_TIMEOUT_S)
-    return actors
+    return actors, [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:
@@ -373,13 +383,16 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
     return max(1, min(cpus, len(tasks), to_fill + SPARE_TASKS_PER_SENDER * len(senders)))
 
 
-def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]], context: ShardContext,
-              senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore, summary: RunSummary,
-              reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool) -> None:
-    """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report."""
+def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: Callable[[Shard], tuple[str, ...]],
+              context: ShardContext, senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore,
+              summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool) -> None:
+    """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
+
+    ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``).
+    """
     task = _as_shard_work(shard_task)
     context_ref = ray.put(context)
-    queue = list(reversed(_tasks(job, senders, pending)))
+    queue = list(reversed(tasks))
     in_flight = _tasks_in_flight(job, senders, queue)
     alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
     ramp = TaskRamp(in_flight, os.cpu_count() or 1, time.monotonic(), alone_s=alone_s)
@@ -393,7 +406,9 @@ def _schedule(pending: list[Shard], previous: Callable[[Shard], tuple[str, ...]]
             ramp.tick(time.monotonic())
             while queue and len(running_refs) < ramp.allowed:
                 shards = queue.pop()
-                running_refs[task.remote(shards, context_ref, senders, tuple(previous(s) for s in shards))] = shards
+                parts = tuple(previous(s) for s in shards)
+                running_refs[task.remote(shards, context_ref, senders, parts, head)] = shards
+                head = None
             if not queue and not last_started:
                 last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
                 last_started = True

@@ -47,6 +47,7 @@ from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import CapacityUnavailable, TeibatchError
 from teibatch.pipeline.admission import OldestFirst
 from teibatch.pipeline.context import ServerPlan
+from teibatch.pipeline.head_start import HeadStart, texts_digest
 from teibatch.tei import EmbedOptions, EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
 from teibatch.tei.work import Failure
 
@@ -353,7 +354,8 @@ class SenderFailed(TeibatchError):
 
 
 def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
-                          priority: float = 0.0, stream: str | None = None) -> EmbedResult:
+                          priority: float = 0.0, stream: str | None = None,
+                          head: HeadStart | None = None) -> EmbedResult:
     """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
 
     ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
@@ -368,10 +370,13 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
     servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
 
     ``stream``: the shard's id, told to every sender once its last chunk is out (see :class:`Streams`).
+
+    ``head``: chunks of the first texts that the driver already sent (``pipeline/head_start.py``);
+    their results are taken as this task's when the first texts are those the driver read.
     """
     all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
     try:
-        return _send_in_chunks(texts, senders, dimension, priority, all_sent)
+        return _send_in_chunks(texts, senders, dimension, priority, all_sent, head)
     finally:
         all_sent()  # a shard that failed sends nothing more either
 
@@ -389,7 +394,7 @@ class _Once:
 
 
 def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int, priority: float,
-                    all_sent: Callable[[], None]) -> EmbedResult:
+                    all_sent: Callable[[], None], head: HeadStart | None) -> EmbedResult:
     """The work of :func:`embed_through_senders`; ``all_sent`` is called once the last chunk is out."""
     chunk_size = min(s.chunk_size for s in senders)
     source = iter(texts)
@@ -397,6 +402,15 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimensio
     unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
     outstanding: dict[ray.ObjectRef, tuple[int, list[str], int]] = {}
     load = [0] * len(senders)
+    if head is not None:
+        first = list(islice(source, head.count))
+        count = len(first)
+        if count == head.count and texts_digest(first) == head.digest:
+            for sent in head.chunks:
+                outstanding[sent.result] = (sent.start, first[sent.start:sent.start + sent.length], sent.sender)
+                load[sent.sender] += sent.length
+        else:  # not the texts the driver read: these are sent like any others
+            unsent.extend((start, first[start:start + chunk_size]) for start in range(0, count, chunk_size))
     alive = set(range(len(senders)))
     resends: dict[int, int] = {}
     parts: dict[int, EmbedResult] = {}

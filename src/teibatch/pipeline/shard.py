@@ -27,6 +27,7 @@ from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.senders import SenderRef, embed_through_senders
 from teibatch.sink import (
     REJECTS_DIR,
@@ -67,10 +68,12 @@ class ShardOutcome:
 
 
 def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[SenderRef, ...],
-               previous: tuple[tuple[str, ...], ...]) -> list[ShardOutcome | BaseException]:
+               previous: tuple[tuple[str, ...], ...], head: HeadStart | None = None,
+               ) -> list[ShardOutcome | BaseException]:
     """The Ray task of one or a few consecutive shards: :func:`process_shard` on each, side by side.
 
-    ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`).
+    ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`); ``head``, the
+    first shard's texts that the driver already sent (``pipeline/head_start.py``).
 
     Small shards are handed out together so that one worker process keeps enough documents on their
     way to fill the servers (starting another Ray worker costs a second of CPU). Each shard keeps its
@@ -85,11 +88,11 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     node = ray.get_runtime_context().get_node_id()
     if len(shards) == 1:
         outcomes: list[ShardOutcome | BaseException] = [
-            process_shard(shards[0], context, senders, previous[0])]
+            process_shard(shards[0], context, senders, previous[0], head)]
     else:
         with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
-            futures = [pool.submit(process_shard, shard, context, senders, parts)
-                       for shard, parts in zip(shards, previous, strict=True)]
+            futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None)
+                       for index, (shard, parts) in enumerate(zip(shards, previous, strict=True))]
         outcomes = [future.exception() or future.result() for future in futures]
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
@@ -142,7 +145,7 @@ def yield_to_senders() -> None:
 
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
-                  previous_parts: tuple[str, ...] = ()) -> ShardOutcome:
+                  previous_parts: tuple[str, ...] = (), head: HeadStart | None = None) -> ShardOutcome:
     """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts; raise if it cannot finish.
 
     When servers failed some documents (see the module docstring) nothing is written and the
@@ -150,6 +153,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
     document whose id and content hash are found there keeps its vector and is not sent again.
+    ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
     """
     started = time.monotonic()
     task_started = time.time()  # comparable between the tasks of every node, unlike the monotonic clock
@@ -186,7 +190,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     # Reading streams into the senders: the first chunk is on its way before the shard is read.
     result = embed_through_senders(texts_to_embed(), senders, context.schema.dimension, priority=task_started,
-                                   stream=shard.id)
+                                   stream=shard.id, head=None if previous_parts else head)
     read = len(documents) + len(rejects)
     reused = len(kept_vectors)
     unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]

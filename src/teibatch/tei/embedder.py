@@ -227,7 +227,7 @@ class _Run:
             return
         finally:
             self._land(flight)
-        self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time())
+        self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time(), used=not flight.settled)
         if flight.settled:
             return  # its twin answered first
         flight.answered = True

@@ -261,10 +261,16 @@ class EndpointPool:
         self._outrun.add(task)
         task.add_done_callback(self._outrun.discard)
 
-    def succeeded(self, server: Server, count: int, *, sent_at: float, now: float) -> None:
+    def succeeded(self, server: Server, count: int, *, sent_at: float, now: float, used: bool = True) -> None:
+        """``server`` answered ``count`` inputs correctly; ``used``: the answer was the first for its texts.
+
+        An answer that came second (``tei/hedging.py``) counts for the server's health and window, not
+        in its requests and inputs: those add up to what the caller got.
+        """
         server.failures = 0
-        server.stats.requests += 1
-        server.stats.inputs += count
+        if used:
+            server.stats.requests += 1
+            server.stats.inputs += count
         server.stats.seconds += now - sent_at
         server.window.on_success(count, now - sent_at, sent_at=sent_at, now=now)
 

@@ -1,0 +1,96 @@
+"""A head start: the driver sends the run's first texts itself, while the first shard task's worker loads.
+
+Once the servers are met, the first shard task still needs its Ray worker to load the task's
+function and modules (0.2-0.5 s, more on a busy small machine) before it reads a document, and
+the servers would wait for it. The driver has the reading code loaded already: it reads the first
+shard's first documents — as many as the senders' whole budget, so every server gets a full queue —
+and sends them to the senders as ordinary chunks. The shard task, once started, takes those chunks'
+results as its own and sends the rest of its texts itself.
+
+Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
+hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
+if they are not (the corpus changed in between), it drops the driver's results and sends its texts
+itself. A shard whose earlier parts may hold some of its vectors (incremental mode) gets no head
+start: which texts it sends is known only once it has read those parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from teibatch.corpus import CorpusOptions, Document, Shard, read_shard
+
+if TYPE_CHECKING:
+    from teibatch.pipeline.senders import SenderRef
+
+log = logging.getLogger(__name__)
+
+# A head start holds at most this much text in the driver (the senders' budget of very long documents).
+MAX_HEAD_START_CHARS = 16 * 1024 * 1024
+# Admission priority of the head start's chunks in the senders: before every shard task's (their start times).
+HEAD_START_PRIORITY = 0.0
+
+
+@dataclass(frozen=True)
+class SentChunk:
+    """One chunk the driver sent: texts ``start`` to ``start + length``, to sender ``sender``; ``result``: its ref."""
+
+    start: int
+    length: int
+    sender: int
+    result: Any  # ray.ObjectRef of the sender's EmbedResult
+
+
+@dataclass(frozen=True)
+class HeadStart:
+    """The first ``count`` texts of a shard, already on their way; ``digest`` says which texts they were."""
+
+    count: int
+    digest: str
+    chunks: tuple[SentChunk, ...]
+
+
+def texts_digest(texts: Iterable[str]) -> str:
+    """A digest of ``texts`` in order (each one length-prefixed, so no two lists share one)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for text in texts:
+        encoded = text.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "little"))
+        digest.update(encoded)
+    return digest.hexdigest()
+
+
+def send_head_start(corpus: CorpusOptions, shard: Shard, senders: Sequence[SenderRef]) -> HeadStart | None:
+    """Read ``shard``'s first texts and send them over ``senders``; ``None`` if there is nothing to send.
+
+    A shard that cannot be read gets no head start: its task meets the same error and reports it.
+    """
+    budget = sum(s.budget for s in senders)
+    texts: list[str] = []
+    chars = 0
+    try:
+        for item in read_shard(corpus, shard):
+            if isinstance(item, Document):
+                texts.append(item.text)
+                chars += len(item.text)
+                if len(texts) >= budget or chars >= MAX_HEAD_START_CHARS:
+                    break
+    except Exception as exc:  # the shard task reads it again and reports what is wrong, per shard
+        log.debug("no head start for shard %s: %s", shard.id, exc)
+        return None
+    if not texts:
+        return None
+    chunk_size = min(s.chunk_size for s in senders)
+    load = [0] * len(senders)
+    chunks = []
+    for start in range(0, len(texts), chunk_size):
+        chunk = texts[start:start + chunk_size]
+        index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
+        result = senders[index].actor.embed.remote(chunk, HEAD_START_PRIORITY, senders[index].plan)
+        chunks.append(SentChunk(start, len(chunk), index, result))
+        load[index] += len(chunk)
+    return HeadStart(len(texts), texts_digest(texts), tuple(chunks))

@@ -1,0 +1,95 @@
+"""The driver's head start: the first shard's first texts, sent before its task runs, used only if they match."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from teibatch.corpus import CorpusOptions, plan_shards
+from teibatch.endpoint import Endpoint
+from teibatch.pipeline.context import ServerPlan
+from teibatch.pipeline.head_start import HeadStart, SentChunk, send_head_start, texts_digest
+from teibatch.pipeline.senders import SenderRef, embed_through_senders, plan_senders, start_senders, stop_senders
+from teibatch.server import HashingEmbedder, text_digest
+from teibatch.server.testing import running_server
+from teibatch.tei import ClientLimits, EmbedOptions
+from tests.conftest import write_jsonl
+
+
+def sender_for(url: str) -> SenderRef:
+    limits = ClientLimits(max_batch_size=4, max_inflight_inputs=8, payload_limit=2_000_000)
+    (plan,) = plan_senders([ServerPlan(Endpoint(url), limits)], route="embed", embed=EmbedOptions(), dimension=384,
+                           model_id=None, api_key_env=None, request_timeout=30, max_retries=3)
+    (sender,) = start_senders([plan])
+    return sender
+
+
+def embedded_texts(url: str) -> Counter[str]:
+    return Counter(httpx.get(f"{url}/teibatch/stats", timeout=10).json()["texts"])
+
+
+def head_of(texts: list[str], sender: SenderRef) -> HeadStart:
+    """What the driver does: the texts sent as chunks, remembered with their digest."""
+    size = sender.chunk_size
+    chunks = tuple(SentChunk(start, len(texts[start:start + size]), 0,
+                             sender.actor.embed.remote(texts[start:start + size], 0.0, sender.plan))
+                   for start in range(0, len(texts), size))
+    return HeadStart(len(texts), texts_digest(texts), chunks)
+
+
+@pytest.mark.timeout(120)
+def test_the_task_takes_the_drivers_results_for_the_texts_it_sent(ray_session: None) -> None:
+    texts = [f"text {i}" for i in range(100)]
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8, record_texts=True) as url:
+        sender = sender_for(url)
+        try:
+            head = head_of(texts[:40], sender)
+            result = embed_through_senders(iter(texts), [sender], 384, head=head)
+        finally:
+            stop_senders([sender.actor])
+        seen = embedded_texts(url)
+    assert result.ok.all() and not result.failures
+    np.testing.assert_allclose(result.vectors, HashingEmbedder(384).embed(texts), atol=1e-6)
+    assert seen == Counter(text_digest(t) for t in texts)  # the first 40 were not sent a second time
+
+
+@pytest.mark.timeout(120)
+def test_texts_other_than_the_drivers_are_sent_again(ray_session: None) -> None:
+    # The corpus changed between the driver's reading and the task's: the task's own texts count.
+    driver_read = [f"old text {i}" for i in range(40)]
+    texts = [f"new text {i}" for i in range(60)]
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8, record_texts=True) as url:
+        sender = sender_for(url)
+        try:
+            result = embed_through_senders(iter(texts), [sender], 384, head=head_of(driver_read, sender))
+        finally:
+            stop_senders([sender.actor])
+        seen = embedded_texts(url)
+    assert result.ok.all() and not result.failures
+    np.testing.assert_allclose(result.vectors, HashingEmbedder(384).embed(texts), atol=1e-6)
+    assert seen == Counter(text_digest(t) for t in driver_read + texts)
+
+
+@pytest.mark.timeout(120)
+def test_the_driver_sends_the_first_shards_first_documents_up_to_the_budget(tmp_path: Path,
+                                                                             ray_session: None) -> None:
+    rows = [{"id": f"d{i}", "text": f"document {i}"} for i in range(30)]
+    del rows[3]["text"]  # rejected while reading: the task would not send it either
+    write_jsonl(tmp_path / "c" / "a.jsonl", rows)
+    options = CorpusOptions(str(tmp_path / "c"), id_field="id", shard_docs=25)
+    first, _ = plan_shards(options)
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
+        sender = sender_for(url)
+        try:
+            head = send_head_start(options, first, [sender])
+            assert head is not None
+            assert head.count == 8  # the sender's budget: every server's queue full, and no more
+            assert head.digest == texts_digest(str(r["text"]) for r in rows[:9] if "text" in r)
+            missing = send_head_start(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first, [sender])
+        finally:
+            stop_senders([sender.actor])
+    assert missing is None  # the task meets the same error and reports it
