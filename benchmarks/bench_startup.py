@@ -28,7 +28,8 @@ import yaml
 from corpora import write_jsonl_corpus
 
 # ray_start runs in the background while the servers start (fleet_up); ray_wait is what the run
-# still waited for it after the servers were up; warm_up starts the senders and the first workers.
+# still waited for it after the servers were up; warm_up starts the senders and the first workers
+# (only what of it did not overlap meeting the servers).
 PHASES = ("plan_s", "ray_start_s", "fleet_up_s", "ray_wait_s", "warm_up_s", "embed_s", "total_s")
 
 

@@ -11,9 +11,15 @@ import pytest
 
 from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.endpoint import Endpoint
-from teibatch.pipeline.context import ServerPlan
 from teibatch.pipeline.head_start import HeadStart, SentChunk, send_head_start, texts_digest
-from teibatch.pipeline.senders import SenderRef, embed_through_senders, plan_senders, start_senders, stop_senders
+from teibatch.pipeline.senders import (
+    SenderRef,
+    ServerPlan,
+    embed_through_senders,
+    plan_senders,
+    start_senders,
+    stop_senders,
+)
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions

@@ -20,11 +20,11 @@ import yaml
 
 from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
 from teibatch.endpoint import Endpoint
-from teibatch.pipeline.context import ServerPlan
 from teibatch.pipeline.senders import (
     SERVERS_PER_SENDER,
     SenderCore,
     SenderPlan,
+    ServerPlan,
     Streams,
     embed_through_senders,
     plan_senders,

@@ -6,17 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from teibatch.corpus.records import CorpusOptions
-from teibatch.endpoint import Endpoint
 from teibatch.sink.parts import VectorSchema, WriteOptions
-from teibatch.tei.info import ClientLimits
-
-
-@dataclass(frozen=True)
-class ServerPlan:
-    """One server as its sender sees it: where, and the limits the job allows towards it."""
-
-    endpoint: Endpoint
-    limits: ClientLimits
 
 
 @dataclass(frozen=True)

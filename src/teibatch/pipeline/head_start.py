@@ -22,9 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from teibatch.corpus import CorpusOptions, Document, Shard, read_shard
-
 if TYPE_CHECKING:
+    from teibatch.corpus import CorpusOptions, Shard
     from teibatch.pipeline.senders import SenderRef
 
 log = logging.getLogger(__name__)
@@ -69,6 +68,9 @@ def send_head_start(corpus: CorpusOptions, shard: Shard, senders: Sequence[Sende
 
     A shard that cannot be read gets no head start: its task meets the same error and reports it.
     """
+    # Here, not at the top: the senders' processes import this module for its records, and read nothing.
+    from teibatch.corpus import Document, read_shard
+
     budget = sum(s.budget for s in senders)
     texts: list[str] = []
     chars = 0

@@ -26,7 +26,7 @@ from teibatch.errors import (
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
-from teibatch.pipeline.context import ServerPlan, ShardContext
+from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.head_start import HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
@@ -36,6 +36,7 @@ from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
     SenderRef,
+    ServerPlan,
     last_streams,
     launch_senders,
     plan_senders,
@@ -284,8 +285,11 @@ def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[ray.Obje
     fails to start is found by the first chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
+    senders_up = [actor.warm.remote() for actor in actors]
+    # The workers load once the senders are up (Ray waits for a task's arguments): the head start's
+    # chunks wait for a sender, while the first shard task has until the servers' queues drain.
     warm = _as_shard_work(warm_worker)
-    return actors, [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
+    return actors, [*senders_up, *(warm.remote(*senders_up) for _ in range(workers))]
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:

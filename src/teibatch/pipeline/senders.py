@@ -44,11 +44,20 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from teibatch.crashpoints import crashpoint, task_environment
+from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, TeibatchError
 from teibatch.pipeline.admission import OldestFirst
-from teibatch.pipeline.context import ServerPlan
 from teibatch.pipeline.head_start import HeadStart, texts_digest
-from teibatch.tei import EmbedOptions, EmbedResult, EndpointPool, RequestPacker, Server, TeiClient, embed_texts
+from teibatch.tei import (
+    ClientLimits,
+    EmbedOptions,
+    EmbedResult,
+    EndpointPool,
+    RequestPacker,
+    Server,
+    TeiClient,
+    embed_texts,
+)
 from teibatch.tei.work import Failure
 
 SERVERS_PER_SENDER = 4
@@ -60,6 +69,14 @@ MAX_SENDER_RESTARTS = 5
 MAX_CHUNK_RESENDS = 3
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
 WAIT_SLICE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One server as its sender sees it: where, and the limits the job allows towards it."""
+
+    endpoint: Endpoint
+    limits: ClientLimits
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,6 @@ class Server:
         self.payload_limit = limits.payload_limit
         self.batch_cap = limits.max_batch_size
         self.stats = ServerStats()
-        self._busy_since: float | None = None
         self._counted_at: float | None = None
 
     def __repr__(self) -> str:
@@ -203,8 +202,6 @@ class EndpointPool:
     def reserve(self, server: Server, count: int) -> None:
         now = time.monotonic()
         self._count_inputs(server, now)
-        if server.requests_in_flight == 0:
-            server._busy_since = now
         if server.stats.first_sent is None:
             server.stats.first_sent = now
         server.in_flight += count
@@ -218,16 +215,17 @@ class EndpointPool:
         server.in_flight -= count
         server.requests_in_flight -= 1
         server.stats.last_answer = now
-        if server.requests_in_flight == 0 and server._busy_since is not None:
-            server.stats.busy_seconds += now - server._busy_since
-            server._busy_since = None
         self.wake()
 
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
-        """Add the inputs in flight since the last change, times its duration (for the mean in flight)."""
+        """Add the time since the last change to the busy time (if a request was out) and to the inputs
+        in flight times time (for the mean in flight), up to every change: exact whenever stats are read."""
         if server._counted_at is not None:
-            server.stats.input_seconds += server.in_flight * (now - server._counted_at)
+            elapsed = now - server._counted_at
+            server.stats.input_seconds += server.in_flight * elapsed
+            if server.requests_in_flight:
+                server.stats.busy_seconds += elapsed
         server._counted_at = now
 
     def wake(self) -> None:
