@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from unittest.mock import patch
 
 import httpx
 import numpy as np
@@ -81,8 +82,7 @@ def test_texts_other_than_the_drivers_are_sent_again(ray_session: None) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_driver_sends_the_first_shards_first_documents_up_to_the_budget(tmp_path: Path,
-                                                                             ray_session: None) -> None:
+def test_the_driver_sends_the_first_shards_first_documents(tmp_path: Path, ray_session: None) -> None:
     rows = [{"id": f"d{i}", "text": f"document {i}"} for i in range(30)]
     del rows[3]["text"]  # rejected while reading: the task would not send it either
     write_jsonl(tmp_path / "c" / "a.jsonl", rows)
@@ -92,8 +92,11 @@ def test_the_driver_sends_the_first_shards_first_documents_up_to_the_budget(tmp_
         sender = sender_for(url)
         try:
             head = send_head_start(options, first, [sender])
-            assert head is not None
-            assert head.count == 8  # the sender's budget: every server's queue full, and no more
+            assert head is not None and head.count == 24  # the shard's 25 documents, less the one rejected
+            assert head.digest == texts_digest(str(r["text"]) for r in rows[:25] if "text" in r)
+            with patch("teibatch.pipeline.head_start.MIN_HEAD_START_TEXTS", 5):
+                head = send_head_start(options, first, [sender])
+            assert head is not None and head.count == 8  # the sender's budget, when that is more
             assert head.digest == texts_digest(str(r["text"]) for r in rows[:9] if "text" in r)
             missing = send_head_start(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first, [sender])
         finally:

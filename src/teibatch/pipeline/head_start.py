@@ -3,8 +3,10 @@
 Once the servers are met, the first shard task still needs its Ray worker to load the task's
 function and modules (0.2-0.5 s, more on a busy small machine) before it reads a document, and
 the servers would wait for it. The driver has the reading code loaded already: it reads the first
-shard's first documents — as many as the senders' whole budget, so every server gets a full queue —
-and sends them to the senders as ordinary chunks. The shard task, once started, takes those chunks'
+shard's first documents — the senders' whole budget, so every server gets a full queue, and at
+least :data:`MIN_HEAD_START_TEXTS`, so that servers with small budgets have work until the task
+sends (what does not fit the windows waits in the senders) — and sends them to the senders as
+ordinary chunks. The shard task, once started, takes those chunks'
 results as its own and sends the rest of its texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A head start holds at most this much text in the driver (the senders' budget of very long documents).
+# Texts a head start holds at least: a second or two of work for a few GPUs, whatever their budgets.
+MIN_HEAD_START_TEXTS = 2048
+# A head start holds at most this much text in the driver (many very long documents).
 MAX_HEAD_START_CHARS = 16 * 1024 * 1024
 # Admission priority of the head start's chunks in the senders: before every shard task's (their start times).
 HEAD_START_PRIORITY = 0.0
@@ -71,7 +75,7 @@ def send_head_start(corpus: CorpusOptions, shard: Shard, senders: Sequence[Sende
     # Here, not at the top: the senders' processes import this module for its records, and read nothing.
     from teibatch.corpus import Document, read_shard
 
-    budget = sum(s.budget for s in senders)
+    wanted = max(MIN_HEAD_START_TEXTS, sum(s.budget for s in senders))
     texts: list[str] = []
     chars = 0
     try:
@@ -79,7 +83,7 @@ def send_head_start(corpus: CorpusOptions, shard: Shard, senders: Sequence[Sende
             if isinstance(item, Document):
                 texts.append(item.text)
                 chars += len(item.text)
-                if len(texts) >= budget or chars >= MAX_HEAD_START_CHARS:
+                if len(texts) >= wanted or chars >= MAX_HEAD_START_CHARS:
                     break
     except Exception as exc:  # the shard task reads it again and reports what is wrong, per shard
         log.debug("no head start for shard %s: %s", shard.id, exc)
