@@ -285,11 +285,8 @@ def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[ray.Obje
     fails to start is found by the first chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
-    senders_up = [actor.warm.remote() for actor in actors]
-    # The workers load once the senders are up (Ray waits for a task's arguments): the head start's
-    # chunks wait for a sender, while the first shard task has until the servers' queues drain.
     warm = _as_shard_work(warm_worker)
-    return actors, [*senders_up, *(warm.remote(*senders_up) for _ in range(workers))]
+    return actors, [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:

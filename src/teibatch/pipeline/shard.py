@@ -97,14 +97,13 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
 
-def warm_worker(*after: object) -> None:
+def warm_worker() -> None:
     """A Ray task that readies a worker process for the shard tasks that follow it.
 
     A worker's first task waits half a second for Ray to load the function and, with it, this module
     and its imports: that loading is this task's whole work. The driver runs it as it meets the
-    servers (``pipeline/run.py``), so that the first shard tasks start at once on the same worker;
-    ``after``: what it waited for (Ray runs it once those are done). The worker's priority is left
-    alone: Ray may give the process to a sender next.
+    servers (``pipeline/run.py``), so that the first shard tasks start at once on the same worker.
+    The worker's priority is left alone: Ray may give the process to a sender next.
     """
 
 
