@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -29,21 +31,29 @@ class Fleet:
 
 
 def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route: str,
-            expected_model: str | None, api_key_env: str | None, timeout: float = 30.0) -> Fleet:
+            expected_model: str | None, api_key_env: str | None, timeout: float = 30.0,
+            before_probe: Callable[[], None] | None = None) -> Fleet:
     """Read every server's ``/info`` and send one probe with the job's options.
 
     The probe catches, before any shard runs, what would otherwise fail every request: a wrong
     key, a reranker instead of an embedding model, an unknown ``prompt_name``, bad ``dimensions``.
+    ``before_probe`` is called between the two: a server is busy from its first embedding on, so
+    the caller may first get ready to send the real ones (see ``pipeline/run.py``).
     """
-    return asyncio.run(_connect(endpoints, options, requested_route, expected_model, api_key_env, timeout))
+    return asyncio.run(_connect(endpoints, options, requested_route, expected_model, api_key_env, timeout,
+                                before_probe))
 
 
 async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_route: str,
-                   expected_model: str | None, api_key_env: str | None, timeout: float) -> Fleet:
+                   expected_model: str | None, api_key_env: str | None, timeout: float,
+                   before_probe: Callable[[], None] | None) -> Fleet:
     async with httpx.AsyncClient() as http:
-        results = await asyncio.gather(
-            *(_meet(TeiClient(e, http, timeout=timeout), options, requested_route, api_key_env)
-              for e in endpoints))
+        clients = [TeiClient(e, http, timeout=timeout) for e in endpoints]
+        infos = await asyncio.gather(*(_read_info(client, api_key_env) for client in clients))
+        if before_probe is not None:
+            before_probe()
+        results = await asyncio.gather(*(_probe(client, info, options, requested_route, api_key_env)
+                                         for client, info in zip(clients, infos, strict=True)))
     servers = tuple(ConnectedServer(e, info) for e, (info, _, _) in zip(endpoints, results, strict=True))
     models = {info.model_id for info, _, _ in results}
     dimensions = {dim for _, dim, _ in results}
@@ -62,20 +72,32 @@ async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_r
     return Fleet(servers=servers, model_id=model_id, dimension=dimensions.pop(), route=route)
 
 
-async def _meet(client: TeiClient, options: EmbedOptions, requested_route: str,
-                api_key_env: str | None) -> tuple[ServerInfo, int, str]:
-    try:
+async def _read_info(client: TeiClient, api_key_env: str | None) -> ServerInfo:
+    with _naming_the_key(client, api_key_env):
         info = await client.info()
-        if info.model_kind != "embedding":
-            raise WrongModelKind(
-                f"serves {info.model_id}, a {info.model_kind} model, not an embedding model; "
-                "launch TEI with an embedding model for this job", server=client.url, status_code=None)
-        route = choose_route(requested_route, options, info)
-        packer = RequestPacker(route, options, max_batch_size=1, payload_limit=10**9)
+    if info.model_kind != "embedding":
+        raise WrongModelKind(
+            f"serves {info.model_id}, a {info.model_kind} model, not an embedding model; "
+            "launch TEI with an embedding model for this job", server=client.url, status_code=None)
+    return info
+
+
+async def _probe(client: TeiClient, info: ServerInfo, options: EmbedOptions, requested_route: str,
+                 api_key_env: str | None) -> tuple[ServerInfo, int, str]:
+    route = choose_route(requested_route, options, info)
+    packer = RequestPacker(route, options, max_batch_size=1, payload_limit=10**9)
+    with _naming_the_key(client, api_key_env):
         vectors = await client.embed(packer.probe())
+    return info, int(vectors.shape[1]), route
+
+
+@contextmanager
+def _naming_the_key(client: TeiClient, api_key_env: str | None) -> Iterator[None]:
+    """A 401 says where the key comes from and what to do about it."""
+    try:
+        yield
     except TeiAuthError as exc:
         hint = (f"put the right key in the environment variable {api_key_env}" if api_key_env
                 else "set servers.api_key_env to the name of an environment variable holding the key")
         raise TeiAuthError(f"the server refused the API key (401); {hint}", server=client.url,
                            status_code=exc.status_code) from None
-    return info, int(vectors.shape[1]), route

@@ -236,14 +236,19 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             warming = time.monotonic()
             one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-            actors, warming_refs = _start_warm_up(len(endpoints), _workers_to_warm(one_machine, len(pending)))
+            actors, senders_up, workers_up = _start_warm_up(len(endpoints),
+                                                            _workers_to_warm(one_machine, len(pending)))
             try:
-                # The servers are met while the senders' processes and the first workers start.
+                # The servers are met while the senders' processes and the first workers start; their
+                # first embedding (the probe) waits for the senders, so that the real ones follow at once.
                 met = time.monotonic()
+                senders_wait = _Stopwatch(lambda: ray.wait(senders_up, num_returns=len(senders_up),
+                                                           timeout=WARM_UP_TIMEOUT_S))
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
-                                api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
+                                api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
+                                before_probe=senders_wait)
                 clock = time.monotonic()
-                summary.timings["fleet_up_s"] = up_s + clock - met
+                summary.timings["fleet_up_s"] = up_s + clock - met - senders_wait.seconds
                 _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
@@ -257,12 +262,13 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 tasks = _tasks(job, senders, pending)
                 first = tasks[0][0]
                 head = None if previous(first) else send_head_start(context.corpus, first, senders)
-                wait_from = time.monotonic()
-                ray.wait(warming_refs, num_returns=len(warming_refs), timeout=WARM_UP_TIMEOUT_S)
-                waited = time.monotonic() - wait_from
-                # What the warm-up added: its start, and its wait after the handshake (until then it overlapped
-                # with meeting the servers and sending the first texts).
-                summary.timings["warm_up_s"] = met - warming + waited
+                workers_wait = _Stopwatch(lambda: ray.wait(workers_up, num_returns=len(workers_up),
+                                                           timeout=WARM_UP_TIMEOUT_S))
+                workers_wait()
+                waited = workers_wait.seconds
+                # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
+                # servers and sending the first texts).
+                summary.timings["warm_up_s"] = met - warming + senders_wait.seconds + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
                 _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter, job,
                           interrupts, one_machine)
@@ -274,19 +280,35 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
 
-def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[ray.ObjectRef[Any]]]:
-    """Start the senders' processes and ready ``workers`` shard workers: the sender actors, and what to wait for.
+class _Stopwatch:
+    """Calls ``action`` when called, and keeps how long it took in ``seconds``."""
 
-    Started before the servers are met, so that from their first request on they wait for no process
-    start-up: an actor's process takes half a second or more to start, and a worker's first task as
-    long before it runs (Ray loads the function and its modules). The warm-up tasks are waited for
-    before the first shard task starts, so that their workers are free again for it (meanwhile the
-    driver meets the servers and sends the first texts, ``pipeline/head_start.py``). A sender that
-    fails to start is found by the first chunk sent to it.
+    def __init__(self, action: Callable[[], object]) -> None:
+        self.action = action
+        self.seconds = 0.0
+
+    def __call__(self) -> None:
+        started = time.monotonic()
+        self.action()
+        self.seconds += time.monotonic() - started
+
+
+def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """Start the senders' processes and ready ``workers`` shard workers.
+
+    Returns the sender actors, what says they are up, and what says the workers are ready.
+
+    Started before the servers are met, so that from their first embedding on they wait for no
+    process start-up: an actor's process takes a third of a second or more to start, and a worker's
+    first task as long before it runs (Ray loads the function and its modules). The senders are
+    waited for before the servers' first embedding (the probe), so that the first texts
+    (``pipeline/head_start.py``) follow it at once; the warm-up tasks before the first shard task,
+    so that their workers are free again for it. A sender that fails to start is found by the first
+    chunk sent to it.
     """
     actors = launch_senders(sender_count(servers))
     warm = _as_shard_work(warm_worker)
-    return actors, [*(actor.warm.remote() for actor in actors), *(warm.remote() for _ in range(workers))]
+    return actors, [actor.warm.remote() for actor in actors], [warm.remote() for _ in range(workers)]
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:
