@@ -242,8 +242,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 # The servers are met while the senders' processes and the first workers start; their
                 # first embedding (the probe) waits for the senders, so that the real ones follow at once.
                 met = time.monotonic()
-                senders_wait = _Stopwatch(lambda: ray.wait(senders_up, num_returns=len(senders_up),
-                                                           timeout=WARM_UP_TIMEOUT_S))
+                senders_wait = _Stopwatch(lambda: _wait_warm_up(senders_up))
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
                                 before_probe=senders_wait)
@@ -262,10 +261,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 tasks = _tasks(job, senders, pending)
                 first = tasks[0][0]
                 head = None if previous(first) else send_head_start(context.corpus, first, senders)
-                workers_wait = _Stopwatch(lambda: ray.wait(workers_up, num_returns=len(workers_up),
-                                                           timeout=WARM_UP_TIMEOUT_S))
-                workers_wait()
-                waited = workers_wait.seconds
+                wait_from = time.monotonic()
+                _wait_warm_up(workers_up)
+                waited = time.monotonic() - wait_from
                 # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
                 # servers and sending the first texts).
                 summary.timings["warm_up_s"] = met - warming + senders_wait.seconds + waited
@@ -309,6 +307,11 @@ def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[Any], li
     actors = launch_senders(sender_count(servers))
     warm = _as_shard_work(warm_worker)
     return actors, [actor.warm.remote() for actor in actors], [warm.remote() for _ in range(workers)]
+
+
+def _wait_warm_up(refs: list[Any]) -> None:
+    """Wait (at most ``WARM_UP_TIMEOUT_S``) for the warm-up calls ``refs``; one that failed is found later."""
+    ray.wait(refs, num_returns=len(refs), timeout=WARM_UP_TIMEOUT_S)
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:

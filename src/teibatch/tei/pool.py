@@ -243,9 +243,10 @@ class EndpointPool:
 
         Only once ``all_work_in`` says so and no caller has a text left to send (see ``tei/hedging.py``).
         """
-        if self.all_work_in is None or not self.flights or any(has_unsent() for has_unsent in self.unsent_work):
+        # all_work_in first: it is false, and cheap, for all but the last moments of a run.
+        if self.all_work_in is None or not self.flights or not self.all_work_in():
             return False
-        if not self.all_work_in():
+        if any(has_unsent() for has_unsent in self.unsent_work):
             return False
         copied = False
         for flight, server in plan_copies(self.servers, self.flights):
