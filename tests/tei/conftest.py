@@ -57,14 +57,16 @@ class ServerHandle:
 
     def start(self) -> ServerHandle:
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(running_server(port=self.port, **self.options))
+        self._stack.enter_context(running_server(port=self.port, on_stopped=self.generations.append,
+                                                 **self.options))
         return self
 
     def stop(self) -> None:
-        """Stop answering: the listener closes (in-flight answers get a second), then refused."""
+        """Stop answering: the listener closes (in-flight answers get a second), then refused.
+
+        The server's final counts, every answer it gave included, go to ``generations``.
+        """
         if self._stack is not None:
-            with contextlib.suppress(Exception):
-                self.generations.append(server_stats(self.url))
             self._stack.close()
             self._stack = None
 

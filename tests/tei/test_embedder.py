@@ -110,10 +110,8 @@ def test_server_killed_mid_run_and_another_restarted(tei: Start) -> None:
     restart.join(5)
     assert_all_embedded(done, texts)
     embedded = assert_within_limits(doomed, flaky, steady)
-    # A stopped server's counts are read just before it stops: answers it gave while closing (at
-    # most its 8 inputs in flight) are not in them.
-    digests = {text_digest(t) for t in texts}
-    assert set(embedded) <= digests and len(digests - set(embedded)) <= 2 * TINY["max_concurrent_requests"]
+    # A stopped server may have computed answers that never reached the client: texts seen twice.
+    assert set(embedded) == {text_digest(t) for t in texts}
     assert len(flaky.generations) == 1 and flaky.stats()["inputs_embedded"] > flaky.generations[0]["inputs_embedded"]
     assert int(done.stats[doomed.url]["marked_down"]) == 1
     assert int(done.stats[flaky.url]["marked_down"]) >= 1

@@ -95,7 +95,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     """``GET /teibatch/stats``: counts for tests (see :meth:`Metrics.stats`); ``DELETE`` also resets them."""
     state = get_state(request)
-    body = state.metrics.stats(inflight_inputs=state.permits.in_use, queue_size=state.queue.size)
+    body = state.stats()
     if request.method == "DELETE":
         state.metrics.reset()
     return json_response(body)

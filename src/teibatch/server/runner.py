@@ -17,6 +17,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -59,10 +60,12 @@ def write_ready_file(path: str | os.PathLike[str], url: str) -> None:
 
 async def serve(config: ServerConfig, *, ready_file: str | os.PathLike[str] | None = None,
                 on_ready: Callable[[str], None] | None = None,
-                stop: asyncio.Event | None = None) -> int:
+                stop: asyncio.Event | None = None,
+                on_stopped: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Serve ``config`` until ``stop`` is set (or SIGTERM/SIGINT in the main thread); the exit code.
 
     Returns 0 after a requested stop and :data:`EXIT_FAULT` after the ``exit_after`` fault.
+    ``on_stopped`` gets the final ``/teibatch/stats`` body once every in-flight answer is given.
     """
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -102,6 +105,8 @@ async def serve(config: ServerConfig, *, ready_file: str | os.PathLike[str] | No
         for signum in installed:
             loop.remove_signal_handler(signum)
         await runner.cleanup()
+        if on_stopped is not None:
+            on_stopped(app[STATE].stats())
     return EXIT_FAULT if faulted else 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -58,6 +59,10 @@ class ServerState:
         self.metrics.max_inputs_per_request = max(self.metrics.max_inputs_per_request, count)
         if count > self.config.max_client_batch_size:
             raise batch_size(count, self.config.max_client_batch_size)
+
+    def stats(self) -> dict[str, Any]:
+        """The body of ``GET /teibatch/stats`` now (see :meth:`Metrics.stats`)."""
+        return self.metrics.stats(inflight_inputs=self.permits.in_use, queue_size=self.queue.size)
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("teibatch_state", ServerState)

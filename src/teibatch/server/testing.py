@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -46,19 +46,30 @@ STOP_TIMEOUT_S = 10.0
 
 @contextlib.contextmanager
 def running_server(config: ServerConfig | None = None, *, subprocess: bool = False,
-                   startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S, **options: Any) -> Iterator[str]:
-    """A running server for the block; yields its base URL (``http://127.0.0.1:PORT``, no trailing slash)."""
+                   startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
+                   on_stopped: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> Iterator[str]:
+    """A running server for the block; yields its base URL (``http://127.0.0.1:PORT``, no trailing slash).
+
+    ``on_stopped`` (thread servers only) gets the server's final stats, as :func:`server_stats` would
+    read them, once it has stopped and every answer it was computing is given.
+    """
     if config is None:
         config = config_from_options(**options)
     elif options:
         config = config.with_options(**options)
-    runner = _subprocess_server if subprocess else _thread_server
-    with runner(config, startup_timeout) as url:
-        yield url
+    if subprocess:
+        if on_stopped is not None:
+            raise ValueError("on_stopped needs the server in this process (subprocess=False)")
+        with _subprocess_server(config, startup_timeout) as url:
+            yield url
+    else:
+        with _thread_server(config, startup_timeout, on_stopped) as url:
+            yield url
 
 
 @contextlib.contextmanager
-def _thread_server(config: ServerConfig, startup_timeout: float) -> Iterator[str]:
+def _thread_server(config: ServerConfig, startup_timeout: float,
+                   on_stopped: Callable[[dict[str, Any]], None] | None) -> Iterator[str]:
     ready = threading.Event()
     holder: dict[str, Any] = {}
 
@@ -71,8 +82,14 @@ def _thread_server(config: ServerConfig, startup_timeout: float) -> Iterator[str
             holder["url"] = url
             ready.set()
 
+        def stopped(body: dict[str, Any]) -> None:
+            assert on_stopped is not None
+            # Through JSON, so a test sees the same types as from ``GET /teibatch/stats``.
+            on_stopped(orjson.loads(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)))
+
         try:
-            loop.run_until_complete(serve(config, on_ready=on_ready, stop=stop))
+            loop.run_until_complete(serve(config, on_ready=on_ready, stop=stop,
+                                          on_stopped=None if on_stopped is None else stopped))
         except BaseException as exc:  # reported to the test thread below
             holder["error"] = exc
         finally:
