@@ -46,6 +46,7 @@ from corpora import write_jsonl_corpus
 from teibatch.fleet import LocalProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
+from teibatch.pipeline.ray_runtime import start_local_ray
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,7 @@ def run_teibatch(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Re
             "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": scenario.shard_docs},
             "servers": {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "BENCH_TEI_KEY"},
             "output": {"path": tempfile.mkdtemp(prefix=f"out-{scenario.name}-", dir=tmp)}}))
-        ray.init(address="local", num_cpus=scenario.ray_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        start_local_ray(num_cpus=scenario.ray_cpus)  # as a run starts its own, but declaring ray_cpus
         wait_quiet()  # Ray pre-starts one worker per declared CPU: measure the run, not the cluster's boot
         try:
             summary = run_job(load_job(job_path))

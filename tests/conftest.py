@@ -20,10 +20,12 @@ os.environ.pop("RAY_ADDRESS", None)
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray for every test that runs a job (starting Ray costs seconds)."""
+    """One local Ray for every test that runs a job (starting Ray costs seconds), started as a run starts its own."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from teibatch.pipeline.ray_runtime import start_local_ray
+
+    start_local_ray(num_cpus=2)
     try:
         yield
     finally:

@@ -17,6 +17,7 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
+from teibatch.pipeline.shard import SHARD_TASK_NICENESS
 from tests.conftest import write_jsonl
 
 
@@ -117,12 +118,16 @@ def test_a_private_ray_starts_only_what_a_run_uses_and_leaves_nothing_behind(tmp
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # A forked child shows its parent's command line until it execs, so every line a pid shows is kept.
     seen: dict[int, set[str]] = {}
+    niceness: dict[str, set[int]] = {}  # a Ray worker's title (what it runs now) -> its niceness then
     deadline = time.monotonic() + 240
     while driver.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(driver.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    seen.setdefault(child.pid, set()).add(" ".join(child.cmdline()))
+                    command = " ".join(child.cmdline())
+                    seen.setdefault(child.pid, set()).add(command)
+                    if command.startswith("ray::"):
+                        niceness.setdefault(command.split()[0], set()).add(child.nice())
         time.sleep(0.05)
     _, stderr = driver.communicate(timeout=60)
     assert driver.returncode == 0, stderr
@@ -131,6 +136,9 @@ def test_a_private_ray_starts_only_what_a_run_uses_and_leaves_nothing_behind(tmp
     # The dashboard's API server, the autoscaler monitor and the log monitor serve nobody on a private Ray.
     for idle in ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "_private/log_monitor.py"):
         assert not any(idle in c for c in commands), (idle, commands)
+    # Its workers start at niceness 0, not Ray's default of 15: the senders are level with the servers.
+    senders = {n for title, values in niceness.items() if title.startswith("ray::SenderActor") for n in values}
+    assert senders == {0}, niceness
     timings = orjson.loads(next((out / "runs").iterdir()).read_bytes())["timings"]
     assert timings["ray_start_s"] > 0 and 0 <= timings["ray_wait_s"] <= timings["ray_start_s"]
     assert ds.dataset(out / "vectors").count_rows() == 30
@@ -146,3 +154,29 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@pytest.mark.timeout(120)
+def test_on_a_private_ray_shard_tasks_step_down_below_the_senders() -> None:
+    script = """
+import os, ray
+from teibatch.pipeline.ray_runtime import start_local_ray
+from teibatch.pipeline.shard import yield_to_senders
+start_local_ray(num_cpus=1)
+
+@ray.remote(num_cpus=0)
+class Sender:
+    def niceness(self):
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+@ray.remote(num_cpus=1)
+def shard_task():
+    yield_to_senders()
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+print(ray.get(Sender.remote().niceness.remote()), ray.get(shard_task.remote()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=plain_env(), capture_output=True, text=True,
+                          timeout=110, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", str(SHARD_TASK_NICENESS)]

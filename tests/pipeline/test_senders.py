@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
 from teibatch.endpoint import Endpoint
 from teibatch.pipeline.senders import (
     SERVERS_PER_SENDER,
+    SenderActor,
     SenderCore,
     SenderPlan,
     ServerPlan,
@@ -233,3 +235,12 @@ def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None
             stop_senders([sender.actor])
     assert seen_before_the_rest and seen_before_the_rest[0] > 0
     assert result.ok.all() and len(result.ok) == 3 * sender.chunk_size and not result.failures
+
+
+def test_a_warmed_sender_keeps_its_start_up_objects_out_of_the_collectors_scans() -> None:
+    gc.unfreeze()
+    try:
+        asyncio.run(SenderActor().warm())
+        assert gc.get_freeze_count() > 1000  # the process's modules and everything they hold
+    finally:
+        gc.unfreeze()

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import ray
 
@@ -100,18 +100,46 @@ def ray_session(address: str | None, timings: dict[str, float] | None = None) ->
             timings["ray_wait_s"] = start.waited_seconds
 
 
+# Ray starts its worker processes at niceness 15, below its own services, the driver and any local
+# server; the senders, which must turn each answer into the next request within milliseconds, then
+# wait whenever any of those works (a worker process starting stalled a sender for 0.3 s while
+# the servers emptied). A private Ray starts its workers at 0; the shard tasks lower their own
+# priority (``pipeline/shard.py``), so on a full machine the senders come first.
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {"worker_niceness": 0}
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """``ray.init`` a private local Ray as a run starts its own (also for benchmarks that start it first).
+
+    Without :data:`IDLE_SERVICES` and with :data:`LOCAL_RAY_SYSTEM_CONFIG`; ``num_cpus``: the CPUs Ray
+    declares (default: the machine's).
+    """
+    with _quiet_ray_start(), _without_idle_services():
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, configure_logging=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+
+
 def _init(address: str | None) -> None:
-    target = "local" if address is None else address
+    try:
+        if address is None:
+            start_local_ray()
+        else:
+            with _quiet_ray_start():
+                ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING, configure_logging=False)
+    except Exception as exc:  # ray raises RuntimeError, ConnectionError, ValueError... for the same thing
+        raise RayUnavailable(_explain(address, exc)) from exc
+
+
+@contextmanager
+def _quiet_ray_start() -> Iterator[None]:
+    """Ray's start-up notices (its token, a system config it calls unstable) stay off the user's terminal."""
     quiet = [logging.getLogger(name) for name in ("ray", "ray._private.authentication.authentication_token_setup")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.ERROR)
     try:
-        with _without_idle_services() if address is None else nullcontext():
-            ray.init(address=target, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                     configure_logging=False)
-    except Exception as exc:  # ray raises RuntimeError, ConnectionError, ValueError... for the same thing
-        raise RayUnavailable(_explain(address, exc)) from exc
+        yield
     finally:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)

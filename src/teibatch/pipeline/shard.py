@@ -41,7 +41,9 @@ from teibatch.sink import (
 )
 from teibatch.tei.work import RETRYABLE_FAILURES
 
-# CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers.
+# CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers. A private Ray
+# starts its workers at 0 (``pipeline/ray_runtime.py``); on a cluster whose workers start at Ray's
+# default of 15 the tasks stay there, level with the senders (niceness only goes up).
 SHARD_TASK_NICENESS = 10
 
 

@@ -160,6 +160,9 @@ class _Run:
                 return
             self.pool.check_alive()
             if self._start_one(loop.time()) or self.pool.hedge():
+                # The request just started goes out before the next is packed: a server that is
+                # waiting gets its first inputs at once, not after every request it has room for.
+                await asyncio.sleep(0)
                 continue
             timeout = self.pool.probe_interval
             due = self.queue.next_due()
