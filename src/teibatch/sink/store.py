@@ -21,7 +21,8 @@ class OutputStore:
     """Files under one output root (local path or URL such as ``s3://bucket/prefix``).
 
     :meth:`write_atomic` makes a file visible only whole: on a local disk it writes a hidden
-    temporary file and renames it; on object stores a single PUT is already all-or-nothing.
+    temporary file and renames it; on object stores the upload completes only when the write did
+    (one PUT, or a multipart upload's completion), and a failed write is dropped (:func:`_abandon`).
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -46,8 +47,13 @@ class OutputStore:
         try:
             self.fs.makedirs(directory, exist_ok=True)
             if not self.is_local:
-                with self.fs.open(final, "wb") as handle:
+                handle = self.fs.open(final, "wb")
+                try:
                     write(handle)
+                except BaseException:
+                    _abandon(handle)
+                    raise
+                handle.close()  # the upload: one PUT, or the multipart upload's completion
                 return
             temp = f"{directory}/{TEMP_MARK}{uuid.uuid4().hex[:12]}-{name}"
             try:
@@ -126,3 +132,18 @@ class OutputStore:
     def remove(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(relative))
+
+
+def _abandon(handle: Any) -> None:
+    """Drop a half-written object-store file so that none of it appears.
+
+    fsspec's file objects upload whatever was written when they are closed, by ``with`` or by the
+    garbage collector, even after an error: a part cut short would appear whole-looking at its
+    final name. ``discard`` aborts a multipart upload; marking the file closed stops the rest.
+    """
+    discard = getattr(handle, "discard", None)
+    if callable(discard):
+        with contextlib.suppress(Exception):
+            discard()
+    with contextlib.suppress(AttributeError):
+        handle.closed = True
