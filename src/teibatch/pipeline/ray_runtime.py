@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
 
@@ -106,6 +107,9 @@ def ray_session(address: str | None, timings: dict[str, float] | None = None) ->
 # the servers emptied). A private Ray starts its workers at 0; the shard tasks lower their own
 # priority (``pipeline/shard.py``), so on a full machine the senders come first.
 LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {"worker_niceness": 0}
+# How every run meets Ray, private or joined: no dashboard, no worker logs in the terminal.
+_INIT_OPTIONS: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                 "logging_level": logging.WARNING, "configure_logging": False}
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
@@ -115,8 +119,7 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     declares (default: the machine's).
     """
     with _quiet_ray_start(), _without_idle_services():
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False, _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+        ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **_INIT_OPTIONS)
 
 
 def _init(address: str | None) -> None:
@@ -125,8 +128,7 @@ def _init(address: str | None) -> None:
             start_local_ray()
         else:
             with _quiet_ray_start():
-                ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.WARNING, configure_logging=False)
+                ray.init(address=address, **_INIT_OPTIONS)
     except Exception as exc:  # ray raises RuntimeError, ConnectionError, ValueError... for the same thing
         raise RayUnavailable(_explain(address, exc)) from exc
 

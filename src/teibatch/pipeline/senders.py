@@ -163,10 +163,11 @@ class SenderCore:
             plan = self.plan
             # A client (and connection pool) per server: httpcore's pool scans every connection it
             # holds on each request and answer (twice over for idle ones), so one pool shared by every
-            # server costs the sender the square of their connections per request.
+            # server costs the sender the square of their connections per request. One connection
+            # beyond the requests in flight: for the probes of a server taken out.
             self._clients = [httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(
                 max_connections=connections, max_keepalive_connections=connections))
-                for connections in (p.limits.max_inflight_inputs // p.limits.max_batch_size + 2 for p in plan.servers)]
+                for connections in (p.limits.max_requests + 1 for p in plan.servers)]
             servers = [Server(TeiClient(p.endpoint, http, timeout=plan.request_timeout, model=plan.model_id,
                                         api_key_env=plan.api_key_env, expected_dimension=plan.dimension,
                                         normalized=plan.embed.normalize), p.limits)

@@ -83,13 +83,11 @@ def _thread_server(config: ServerConfig, startup_timeout: float,
             ready.set()
 
         def stopped(body: dict[str, Any]) -> None:
-            assert on_stopped is not None
-            # Through JSON, so a test sees the same types as from ``GET /teibatch/stats``.
-            on_stopped(orjson.loads(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)))
+            if on_stopped is not None:  # through JSON: the same types as from ``GET /teibatch/stats``
+                on_stopped(orjson.loads(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)))
 
         try:
-            loop.run_until_complete(serve(config, on_ready=on_ready, stop=stop,
-                                          on_stopped=None if on_stopped is None else stopped))
+            loop.run_until_complete(serve(config, on_ready=on_ready, stop=stop, on_stopped=stopped))
         except BaseException as exc:  # reported to the test thread below
             holder["error"] = exc
         finally:

@@ -231,3 +231,8 @@ class ClientLimits:
         length = min(info.max_input_length, max_input_length or info.max_input_length)
         return cls(max_batch_size=max(1, batch), max_inflight_inputs=max(1, inflight),
                    payload_limit=payload_limit, max_input_chars=length * CHARS_PER_TOKEN_LIMIT)
+
+    @property
+    def max_requests(self) -> int:
+        """Requests in flight at most: a full share in full batches, plus one (connections to keep)."""
+        return self.max_inflight_inputs // self.max_batch_size + 1

@@ -105,8 +105,8 @@ class Server:
 
     @property
     def max_requests(self) -> int:
-        """Requests in flight at most: a full share in full batches, plus one (connections to keep)."""
-        return self.limits.max_inflight_inputs // self.limits.max_batch_size + 1
+        """Requests in flight at most (see :attr:`ClientLimits.max_requests`)."""
+        return self.limits.max_requests
 
     @property
     def free(self) -> int:
