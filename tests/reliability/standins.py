@@ -274,6 +274,7 @@ class StandIn:
             self._stats.texts.extend(texts)
             self._stats.inputs_in_flight += len(texts)
             self._stats.max_inputs_in_flight = max(self._stats.max_inputs_in_flight, self._stats.inputs_in_flight)
+        counted = True
         try:
             if behaviour is Behaviour.HANG:
                 await _until_client_leaves(reader)
@@ -292,11 +293,17 @@ class StandIn:
             if behaviour is Behaviour.TRICKLE:
                 await _trickle(writer, reader, content, self.trickle_bytes_per_s)
                 return False
+            # Out of flight once computed, before the answer is written, as TEI releases its permits: a
+            # client that has read the answer then never sees these inputs still counted.
+            with self._lock:
+                self._stats.inputs_in_flight -= len(texts)
+            counted = False
             await _respond(writer, 200, content, "application/json")
             return True
         finally:
-            with self._lock:
-                self._stats.inputs_in_flight -= len(texts)
+            if counted:
+                with self._lock:
+                    self._stats.inputs_in_flight -= len(texts)
 
     def _vectors(self, behaviour: Behaviour, texts: list[str], dimension: int) -> np.ndarray:
         dimension = self.wrong_dimension if behaviour is Behaviour.WRONG_DIMENSION else dimension
