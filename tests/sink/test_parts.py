@@ -15,6 +15,7 @@ from teibatch.sink import (
     Manifest,
     OutputStore,
     VectorSchema,
+    VectorsPart,
     WriteOptions,
     rejects_table,
     remove_stale,
@@ -109,3 +110,47 @@ def test_manifest_roundtrip_and_stale_removal(tmp_path: Path) -> None:
     assert loaded.pending == ["todo"]
     assert remove_stale(store, loaded, {"keep"}) == ["gone"]
     assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == ["part-keep.parquet"]
+
+
+def test_a_part_built_in_pieces_is_the_part_written_whole(tmp_path: Path) -> None:
+    schema = VectorSchema(dimension=3, kept={"lang": pa.string()}, metadata={"model_id": "m"})
+    rows = 23
+    ids = [f"id-{i}" for i in range(rows)]
+    vectors = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    hashes = [f"h{i}" for i in range(rows)]
+    langs = ["en" if i % 3 else "de" for i in range(rows)]
+    flags = np.arange(rows) % 5 == 0
+    options = WriteOptions(row_group_size=8)
+    store = OutputStore(str(tmp_path / "out"))
+    whole = write_part(OutputStore(str(tmp_path / "whole")), "vectors", "s1",
+                       vectors_table(schema, ids, vectors, hashes, {"lang": langs}, flags), options)
+    with VectorsPart(schema, options) as part:
+        for start, end in ((0, 3), (3, 3), (3, 11), (11, 20), (20, 23)):
+            part.add(vectors_table(schema, ids[start:end], vectors[start:end], hashes[start:end],
+                                   {"lang": langs[start:end]}, flags[start:end]))
+            assert part.rows == end
+            assert part.encoded_rows == end - end % 8  # full groups are encoded as soon as their rows are in
+        assert not (tmp_path / "out").exists()  # nothing reaches the output before the commit
+        relative = part.commit(store, "vectors", "s1")
+    assert relative == whole == "vectors/part-s1.parquet"
+    built, expected = pq.ParquetFile(tmp_path / "out" / relative), pq.ParquetFile(tmp_path / "whole" / whole)
+    assert built.read().equals(expected.read())
+    assert built.schema_arrow.metadata == expected.schema_arrow.metadata
+    groups = [built.metadata.row_group(i).num_rows for i in range(built.metadata.num_row_groups)]
+    assert groups == [8, 8, 7]
+    assert [name for name in (tmp_path / "out" / "vectors").iterdir()] == [tmp_path / "out" / relative]
+
+
+def test_an_empty_part_and_a_forgotten_one(tmp_path: Path) -> None:
+    schema = VectorSchema(dimension=2)
+    store = OutputStore(str(tmp_path))
+    with VectorsPart(schema, WriteOptions()) as part:
+        relative = part.commit(store, "vectors", "empty")
+    read = pq.read_table(tmp_path / relative)
+    assert read.num_rows == 0
+    assert read.schema.names == schema.arrow().names and read.schema.metadata == schema.arrow().metadata
+    with VectorsPart(schema, WriteOptions(row_group_size=2)) as part:
+        part.add(vectors_table(schema, ["a", "b", "c"], np.ones((3, 2), np.float32), ["h"] * 3, {}))
+        spill = part._spill
+    assert spill.closed  # leaving without a commit drops the encoded groups
+    assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == ["part-empty.parquet"]

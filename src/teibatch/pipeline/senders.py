@@ -34,7 +34,7 @@ import gc
 import math
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -384,7 +384,17 @@ class SenderFailed(TeibatchError):
 def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
                           priority: float = 0.0, stream: str | None = None,
                           head: HeadStart | None = None) -> EmbedResult:
-    """Embed ``texts`` in chunks over ``senders`` and put the results back in order (in a shard task).
+    """Embed ``texts`` through ``senders`` and put the results together in order: :func:`embedded_in_order`, merged."""
+    return _merge(embedded_in_order(texts, senders, priority=priority, stream=stream, head=head), dimension)
+
+
+def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priority: float = 0.0,
+                      stream: str | None = None, head: HeadStart | None = None,
+                      ) -> Iterator[tuple[int, EmbedResult]]:
+    """Embed ``texts`` in chunks over ``senders``; yield ``(start, result)`` per chunk, in text order (in a shard task).
+
+    A chunk's result is yielded as soon as it and every chunk before it are back, so that the caller
+    can write the leading vectors while the rest are embedded.
 
     ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
     goes out as soon as it is read, while the rest of the shard is still being read and hashed.
@@ -404,7 +414,7 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
     """
     all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
     try:
-        return _send_in_chunks(texts, senders, dimension, priority, all_sent, head)
+        yield from _send_in_chunks(texts, senders, priority, all_sent, head)
     finally:
         all_sent()  # a shard that failed sends nothing more either
 
@@ -421,9 +431,9 @@ class _Once:
             action()
 
 
-def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int, priority: float,
-                    all_sent: Callable[[], None], head: HeadStart | None) -> EmbedResult:
-    """The work of :func:`embed_through_senders`; ``all_sent`` is called once the last chunk is out."""
+def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
+                    all_sent: Callable[[], None], head: HeadStart | None) -> Iterator[tuple[int, EmbedResult]]:
+    """The work of :func:`embedded_in_order`; ``all_sent`` is called once the last chunk is out."""
     chunk_size = min(s.chunk_size for s in senders)
     source = iter(texts)
     count = 0  # texts read from ``source`` so far
@@ -441,7 +451,8 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimensio
             unsent.extend((start, first[start:start + chunk_size]) for start in range(0, count, chunk_size))
     alive = set(range(len(senders)))
     resends: dict[int, int] = {}
-    parts: dict[int, EmbedResult] = {}
+    back: dict[int, EmbedResult] = {}  # results that wait for an earlier chunk's
+    given = 0  # texts whose results were yielded
     exhausted = False
     while True:
         while ready := [i for i in alive if load[i] < OUTSTANDING_BUDGETS * senders[i].budget + senders[i].chunk_size]:
@@ -482,16 +493,22 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], dimensio
                                        "the same command retries the shard") from None
                 unsent.appendleft((start, chunk))
                 continue
-            parts[start] = result
-    return _merge(parts, count, dimension)
+            back[start] = result
+            while given in back:
+                result = back.pop(given)
+                yield given, result
+                given += len(result.ok)
 
 
-def _merge(parts: dict[int, EmbedResult], count: int, dimension: int) -> EmbedResult:
+def _merge(parts: Iterable[tuple[int, EmbedResult]], dimension: int) -> EmbedResult:
+    """One result for every text from the chunks' results, given in order."""
+    ordered = list(parts)
+    count = sum(len(part.ok) for _, part in ordered)
     vectors = np.zeros((count, dimension), dtype=np.float32)
     ok = np.zeros(count, dtype=bool)
     truncated = np.zeros(count, dtype=bool)
     failures: list[Failure] = []
-    for start, part in sorted(parts.items()):
+    for start, part in ordered:
         end = start + len(part.ok)
         vectors[start:end], ok[start:end], truncated[start:end] = part.vectors, part.ok, part.truncated
         failures += [Failure(f.position + start, f.reason, f.detail) for f in part.failures]

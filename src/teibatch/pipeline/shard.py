@@ -28,18 +28,21 @@ from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.head_start import HeadStart
-from teibatch.pipeline.senders import SenderRef, embed_through_senders
+from teibatch.pipeline.senders import SenderRef, embedded_in_order
 from teibatch.sink import (
     REJECTS_DIR,
     VECTORS_DIR,
     OutputStore,
+    VectorSchema,
+    VectorsPart,
     read_vectors,
     rejects_table,
     vectors_table,
     warm_up,
     write_part,
 )
-from teibatch.tei.work import RETRYABLE_FAILURES
+from teibatch.tei import EmbedResult
+from teibatch.tei.work import RETRYABLE_FAILURES, Failure
 
 # CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers. A private Ray
 # starts its workers at 0 (``pipeline/ray_runtime.py``); on a cluster whose workers start at Ray's
@@ -179,66 +182,108 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
         fresh = list(fresh)
         known = read_vectors(store, previous_parts, {d.id for d in fresh})
     to_embed: list[int] = []
-    kept_vectors: list[tuple[int, tuple[str, np.ndarray, bool]]] = []
+    reused: dict[int, tuple[str, np.ndarray, bool]] = {}
 
     def texts_to_embed() -> Iterator[str]:
         for position, document in enumerate(fresh):
             previous = known.get(document.id)
             if previous is not None and previous[0] == hashes[position]:
-                kept_vectors.append((position, previous))
+                reused[position] = previous
             else:
                 to_embed.append(position)
                 yield document.text
 
-    # Reading streams into the senders: the first chunk is on its way before the shard is read.
-    result = embed_through_senders(texts_to_embed(), senders, context.schema.dimension, priority=task_started,
-                                   stream=shard.id, head=None if previous_parts else head)
-    read = len(documents) + len(rejects)
-    reused = len(kept_vectors)
-    unfinished = [f for f in result.failures if f.reason in RETRYABLE_FAILURES]
-    if unfinished:
-        return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=reused,
-                            seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
-                            unfinished=len(unfinished),
-                            unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
-    # Each copy of a shard's vectors comes after its last one is back, while the servers may wait: the
-    # senders' result is used as it is when it covers the whole shard, and filtered only if needed.
-    if len(to_embed) == len(documents):
-        vectors, ok, truncated = result.vectors, result.ok, result.truncated
-    else:
-        vectors = np.zeros((len(documents), context.schema.dimension), dtype=np.float32)
-        ok = np.zeros(len(documents), dtype=bool)
-        truncated = np.zeros(len(documents), dtype=bool)
-        for position, (_, vector, was_truncated) in kept_vectors:
-            vectors[position], truncated[position], ok[position] = vector, was_truncated, True
-        if to_embed:
-            positions = np.asarray(to_embed, dtype=np.int64)
-            vectors[positions] = result.vectors
-            ok[positions] = result.ok
-            truncated[positions] = result.truncated
-    rejects += [Reject(documents[to_embed[f.position]].id, f.reason, f.detail) for f in result.failures]
-    kept = np.flatnonzero(ok)
-    if len(kept) < len(documents):
-        vectors, truncated = vectors[kept], truncated[kept]
-    rows = kept.tolist()  # plain ints: the per-document lists below index Python lists
-    # Rejects first: the vectors part is the one a reader sees, so it comes last.
-    write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
-                                                           [r.detail for r in rejects]), context.write)
-    crashpoint("shard-write")
-    table = vectors_table(
-        context.schema,
-        ids=[documents[p].id for p in rows],
-        vectors=vectors,
-        hashes=[hashes[p] for p in rows],
-        truncated=truncated,
-        kept={name: [documents[p].fields.get(name) for p in rows] for name in context.schema.kept},
-    )
-    write_part(store, VECTORS_DIR, shard.id, table, context.write)
+    failed: list[Reject] = []
+    unfinished: list[Failure] = []
+    with VectorsPart(context.schema, context.write) as part:
+        rows = _RowsInOrder(part, context.schema, documents, hashes, reused)
+        # Reading streams into the senders (the first chunk is on its way before the shard is read), and
+        # the vectors into the part as they come back: after the last one, only its last group is left.
+        for start, result in embedded_in_order(texts_to_embed(), senders, priority=task_started, stream=shard.id,
+                                               head=None if previous_parts else head):
+            positions = to_embed[start:start + len(result.ok)]
+            for failure in result.failures:
+                if failure.reason in RETRYABLE_FAILURES:
+                    unfinished.append(failure)
+                else:
+                    failed.append(Reject(documents[positions[failure.position]].id, failure.reason, failure.detail))
+            if not unfinished:  # else nothing is written: the part is not worth encoding
+                rows.add(positions, result)
+        read = len(documents) + len(rejects)
+        if unfinished:
+            return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=len(reused),
+                                seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
+                                unfinished=len(unfinished),
+                                unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
+        rows.finish()
+        rejects += failed
+        # Rejects first: the vectors part is the one a reader sees, so it comes last.
+        write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
+                                                               [r.detail for r in rejects]), context.write)
+        crashpoint("shard-write")
+        part.commit(store, VECTORS_DIR, shard.id)
     return ShardOutcome(
-        shard_id=shard.id, read=read, rows=len(rows), rejects=len(rejects), reused=reused,
+        shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused),
         reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
     )
+
+
+class _RowsInOrder:
+    """Hands a shard's vectors to its part in document order, each document as soon as it is final.
+
+    A document is final once its chunk's result is back (the chunks come back in order) or, when its
+    vector is kept from an earlier run, once every document before it is; one the servers rejected
+    is left out (it is in the rejects part).
+    """
+
+    def __init__(self, part: VectorsPart, schema: VectorSchema, documents: list[Document], hashes: list[str],
+                 reused: dict[int, tuple[str, np.ndarray, bool]]) -> None:
+        self._part, self._schema = part, schema
+        self._documents, self._hashes, self._reused = documents, hashes, reused
+        self._given = 0  # documents handed over, by position
+
+    def add(self, positions: list[int], result: EmbedResult) -> None:
+        """``result`` for the documents at ``positions``, and the reused ones before its last."""
+        if positions:
+            self._hand_over(positions[-1] + 1, np.asarray(positions, dtype=np.int64), result)
+
+    def finish(self) -> None:
+        """The reused documents after the last embedded one (every document has been read)."""
+        self._hand_over(len(self._documents), None, None)
+
+    def _hand_over(self, end: int, positions: np.ndarray | None, result: EmbedResult | None) -> None:
+        first = self._given
+        if end <= first:
+            return
+        self._given = end
+        if result is not None and positions is not None and len(positions) == end - first:
+            vectors, ok, truncated = result.vectors, result.ok, result.truncated  # no reused one among them
+        else:
+            vectors = np.zeros((end - first, self._schema.dimension), dtype=np.float32)
+            ok = np.zeros(end - first, dtype=bool)
+            truncated = np.zeros(end - first, dtype=bool)
+            if result is not None and positions is not None:
+                vectors[positions - first], ok[positions - first] = result.vectors, result.ok
+                truncated[positions - first] = result.truncated
+            for position in range(first, end):
+                previous = self._reused.get(position)
+                if previous is not None:
+                    vectors[position - first], truncated[position - first] = previous[1], previous[2]
+                    ok[position - first] = True
+        kept = np.flatnonzero(ok)
+        if len(kept) < end - first:
+            vectors, truncated = vectors[kept], truncated[kept]
+        rows = (kept + first).tolist()  # plain ints: the per-document lists below index Python lists
+        documents = self._documents
+        self._part.add(vectors_table(
+            self._schema,
+            ids=[documents[p].id for p in rows],
+            vectors=vectors,
+            hashes=[self._hashes[p] for p in rows],
+            truncated=truncated,
+            kept={name: [documents[p].fields.get(name) for p in rows] for name in self._schema.kept},
+        ))
 
 
 def peak_rss_mb() -> float:
