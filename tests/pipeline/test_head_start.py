@@ -12,7 +12,7 @@ import pytest
 
 from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.endpoint import Endpoint
-from teibatch.pipeline.head_start import HeadStart, SentChunk, send_head_start, texts_digest
+from teibatch.pipeline.head_start import FirstTexts, HeadStart, SentChunk, send_head_start, texts_digest
 from teibatch.pipeline.senders import (
     SenderRef,
     ServerPlan,
@@ -91,14 +91,18 @@ def test_the_driver_sends_the_first_shards_first_documents(tmp_path: Path, ray_s
     with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
         sender = sender_for(url)
         try:
-            head = send_head_start(options, first, [sender])
+            head = send_head_start(FirstTexts(options, first), [sender])
             assert head is not None and head.count == 24  # the shard's 25 documents, less the one rejected
             assert head.digest == texts_digest(str(r["text"]) for r in rows[:25] if "text" in r)
+            ahead = FirstTexts(options, first)
+            ahead.read(3)  # what the driver reads while the senders start
+            assert ahead.texts == [f"document {i}" for i in range(3)]
             with patch("teibatch.pipeline.head_start.MIN_HEAD_START_TEXTS", 5):
-                head = send_head_start(options, first, [sender])
-            assert head is not None and head.count == 8  # the sender's budget, when that is more
+                head = send_head_start(ahead, [sender])
+            assert head is not None and head.count == 8  # read on to the sender's budget, when that is more
             assert head.digest == texts_digest(str(r["text"]) for r in rows[:9] if "text" in r)
-            missing = send_head_start(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first, [sender])
+            missing = send_head_start(FirstTexts(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first),
+                                      [sender])
         finally:
             stop_senders([sender.actor])
     assert missing is None  # the task meets the same error and reports it

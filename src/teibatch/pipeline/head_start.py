@@ -6,8 +6,10 @@ the servers would wait for it. The driver has the reading code loaded already: i
 shard's first documents — the senders' whole budget, so every server gets a full queue, and at
 least :data:`MIN_HEAD_START_TEXTS`, so that servers with small budgets have work until the task
 sends (what does not fit the windows waits in the senders) — and sends them to the senders as
-ordinary chunks. The shard task, once started, takes those chunks'
-results as its own and sends the rest of its texts itself.
+ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read while the senders' processes
+start, before the servers' first embedding (the probe), so that the real ones follow it at once.
+The shard task, once started, takes those chunks' results as its own and sends the rest of its
+texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
 hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,28 +69,49 @@ def texts_digest(texts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def send_head_start(corpus: CorpusOptions, shard: Shard, senders: Sequence[SenderRef]) -> HeadStart | None:
-    """Read ``shard``'s first texts and send them over ``senders``; ``None`` if there is nothing to send.
+class FirstTexts:
+    """A shard's first texts, read as far as asked: some while the senders start, the rest once their budgets are known.
 
-    A shard that cannot be read gets no head start: its task meets the same error and reports it.
+    A shard that cannot be read gets no head start (:attr:`failed`): its task meets the same error
+    and reports it.
     """
-    # Here, not at the top: the senders' processes import this module for its records, and read nothing.
-    from teibatch.corpus import Document, read_shard
 
-    wanted = max(MIN_HEAD_START_TEXTS, sum(s.budget for s in senders))
-    texts: list[str] = []
-    chars = 0
-    try:
-        for item in read_shard(corpus, shard):
-            if isinstance(item, Document):
-                texts.append(item.text)
-                chars += len(item.text)
-                if len(texts) >= wanted or chars >= MAX_HEAD_START_CHARS:
-                    break
-    except Exception as exc:  # the shard task reads it again and reports what is wrong, per shard
-        log.debug("no head start for shard %s: %s", shard.id, exc)
-        return None
-    if not texts:
+    def __init__(self, corpus: CorpusOptions, shard: Shard) -> None:
+        self.corpus, self.shard = corpus, shard
+        self.texts: list[str] = []
+        self.failed = False
+        self._chars = 0
+        self._items: Iterator[object] | None = None
+        self._ended = False
+
+    def read(self, count: int) -> None:
+        """Read on until ``count`` texts are held, the shard ends or :data:`MAX_HEAD_START_CHARS` is reached."""
+        # Here, not at the top: the senders' processes import this module for its records, and read nothing.
+        from teibatch.corpus import Document, read_shard
+
+        try:
+            if self._items is None:
+                self._items = iter(read_shard(self.corpus, self.shard))
+            while not self._ended and len(self.texts) < count and self._chars < MAX_HEAD_START_CHARS:
+                item = next(self._items, None)
+                if item is None:
+                    self._ended = True
+                elif isinstance(item, Document):
+                    self.texts.append(item.text)
+                    self._chars += len(item.text)
+        except Exception as exc:  # the shard task reads it again and reports what is wrong, per shard
+            log.debug("no head start for shard %s: %s", self.shard.id, exc)
+            self._ended = self.failed = True
+
+
+def send_head_start(first: FirstTexts, senders: Sequence[SenderRef]) -> HeadStart | None:
+    """Read ``first`` on to the senders' whole budget and send its texts over ``senders``.
+
+    ``None`` if there is nothing to send (an empty or unreadable shard).
+    """
+    first.read(max(MIN_HEAD_START_TEXTS, sum(s.budget for s in senders)))
+    texts = first.texts
+    if first.failed or not texts:
         return None
     chunk_size = min(s.chunk_size for s in senders)
     load = [0] * len(senders)

@@ -27,7 +27,7 @@ from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
 from teibatch.pipeline.context import ShardContext
-from teibatch.pipeline.head_start import HeadStart, send_head_start
+from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
@@ -243,9 +243,16 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 # first embedding (the probe) waits for the senders, so that the real ones follow at once.
                 met = time.monotonic()
                 senders_wait = _Stopwatch(lambda: _wait_warm_up(senders_up))
+                first = None if previous(pending[0]) else FirstTexts(job.corpus_options(), pending[0])
+
+                def before_probe() -> None:
+                    if first is not None:  # while the senders start: after the probe the servers would wait
+                        first.read(MIN_HEAD_START_TEXTS)
+                    senders_wait()
+
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
-                                before_probe=senders_wait)
+                                before_probe=before_probe)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met - senders_wait.seconds
                 _check_same_vectors(manifest, fleet, store)
@@ -259,8 +266,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 actors = [s.actor for s in senders]
                 context = _context(job, fleet)
                 tasks = _tasks(job, senders, pending)
-                first = tasks[0][0]
-                head = None if previous(first) else send_head_start(context.corpus, first, senders)
+                head = None if first is None else send_head_start(first, senders)
                 wait_from = time.monotonic()
                 _wait_warm_up(workers_up)
                 waited = time.monotonic() - wait_from
