@@ -14,6 +14,8 @@ Printed per scenario: the servers' busy share (model-busy seconds over the span 
 batch to their last, read from each server's own ``/teibatch/stats``; the mean and the lowest),
 each contestant's time, the ratio, and what teibatch's report says per server (mean inputs per
 request, most inputs in flight seen). Targets: busy share >= 0.95, teibatch never slower than the loop.
+With ``--repeat``, the median of each back-to-back pair's ratio is printed too: the machine's own
+drift between runs (the loop's time alone moves by 0.3 s from round to round) cancels out of it.
 
     .venv/bin/python benchmarks/bench_busy.py                  # every scenario
     .venv/bin/python benchmarks/bench_busy.py --only tail --documents 5000
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import tempfile
 import time
 from collections import deque
@@ -214,10 +217,12 @@ def main() -> None:
             runs = [(run_teibatch(scenario, args.rate, corpus, tmp), run_loop(scenario, args.rate, corpus, tmp))
                     for _ in range(max(1, args.repeat))]
         ours, theirs = median_run([r[0] for r in runs]), median_run([r[1] for r in runs])
-        rows.append((scenario, ours, theirs))
+        pair_ratio = statistics.median(a.seconds / b.seconds for a, b in runs)
+        rows.append((scenario, ours, theirs, pair_ratio))
         print(f"\n## {scenario.name}: {scenario.description}")
         if len(runs) > 1:
             print("  runs, teibatch s / loop s: " + ", ".join(f"{a.seconds:.2f} / {b.seconds:.2f}" for a, b in runs))
+            print(f"  median of the runs' ratios (each pair ran back to back): {pair_ratio:.4f}")
         print(f"  {'':10} {'time s':>8} {'busy mean':>10} {'busy min':>9}")
         for label, result in (("teibatch", ours), ("loop", theirs)):
             print(f"  {label:10} {result.seconds:8.2f} {sum(result.shares) / len(result.shares):10.3f} "
@@ -229,10 +234,12 @@ def main() -> None:
                   f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}, "
                   f"mean in flight {stats['mean_in_flight']}, copies answered first {stats.get('copies_won')} of "
                   f"{stats.get('copies')}")
-    print("\n| scenario | teibatch s | loop s | ratio | busy share teibatch (min) | busy share loop (min) |")
-    print("|---|---|---|---|---|---|")
-    for scenario, ours, theirs in rows:
-        print(f"| {scenario.name} | {ours.seconds:.2f} | {theirs.seconds:.2f} | {ours.seconds / theirs.seconds:.2f} | "
+    print("\n| scenario | teibatch s | loop s | ratio | median pair ratio | busy share teibatch (min) "
+          "| busy share loop (min) |")
+    print("|---|---|---|---|---|---|---|")
+    for scenario, ours, theirs, pair_ratio in rows:
+        print(f"| {scenario.name} | {ours.seconds:.2f} | {theirs.seconds:.2f} | {ours.seconds / theirs.seconds:.3f} | "
+              f"{pair_ratio:.3f} | "
               f"{sum(ours.shares) / len(ours.shares):.3f} ({min(ours.shares):.3f}) | "
               f"{sum(theirs.shares) / len(theirs.shares):.3f} ({min(theirs.shares):.3f}) |")
 

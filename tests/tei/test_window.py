@@ -1,4 +1,4 @@
-"""The AIMD window: halve on 429 or latency growth, one batch more per clean window, within bounds."""
+"""The AIMD window: halve on 429 or latency growth, climb back (fast to where a 429 found it), within bounds."""
 
 from __future__ import annotations
 
@@ -36,15 +36,24 @@ def test_429_halves_once_per_window_down_to_one_batch() -> None:
     assert window.decreases == 3
 
 
-def test_climbs_back_one_batch_per_clean_window() -> None:
+def test_after_a_429_climbs_back_within_a_window_to_where_it_was_then_one_batch_per_window() -> None:
     window = ConcurrencyWindow(64, 8)
     window.on_overload(sent_at=0.0, now=0.0)
-    window.on_overload(sent_at=0.0, now=0.1)
     assert window.limit == 32
-    steady(window, 4, start=1.0)  # 4 requests of 8 inputs: one window of 32
+    now = steady(window, 3, start=1.0)  # one batch more per batch back: 40, 48, 56
+    assert window.limit == 56
+    now = steady(window, 1, start=now)
+    assert window.limit == 64 and window.increases == 4
+    # Still shared: another 429 halves it again, and it climbs back fast only to where that one found it.
+    window.on_overload(sent_at=now, now=now + 0.1)
+    window.on_overload(sent_at=now + 0.2, now=now + 0.3)
+    assert window.limit == 16
+    now = steady(window, 2, start=now + 1.0)
+    assert window.limit == 32
+    now = steady(window, 3, start=now)  # 24 inputs back: less than a window of 32
+    assert window.limit == 32
+    steady(window, 1, start=now)  # a whole window back without a signal: one batch more
     assert window.limit == 40
-    steady(window, 200, start=2.0)
-    assert window.limit == 64
 
 
 def test_latency_growth_halves_and_a_steady_slower_server_does_not_keep_halving() -> None:
@@ -53,6 +62,9 @@ def test_latency_growth_halves_and_a_steady_slower_server_does_not_keep_halving(
     assert window.limit == 64
     now = steady(window, 1, latency=1.0, start=now)
     assert window.limit == 32 and window.decreases == 1
+    # A slower server climbs back one batch per clean window, not a 429's way.
+    steady(window, 4, latency=1.0, start=now)
+    assert window.limit == 40
     # The new latency is learned afresh: a server that stays slower is not starved.
     steady(window, 200, latency=1.0, start=now)
     assert window.decreases == 1

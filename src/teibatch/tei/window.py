@@ -9,7 +9,13 @@ or the job's lower override), which the one sender that owns the server for the 
   long-run latency (a slow one that follows gradual change but not jumps), i.e. the server got
   slower for the same load; the latency is then learned afresh at the new window;
 * **add one batch** each time a whole window of inputs came back without either signal, up to the
-  ceiling, so the server is kept busy again once it keeps up;
+  ceiling, so the server is kept busy again once it keeps up — and, after a 429, one batch per
+  batch of inputs back (the window doubles per window) until it is where the 429 found it: TEI
+  refuses at once and processes nothing, so a 429 says the server was full at that moment, not that
+  it is slower; while it stays shared the 429s keep coming and hold the window down, and once the
+  other client is gone the server is full again within a window instead of after many (at 512
+  inputs and 32 a batch, halving and climbing back one batch per window took 8 windows, with the
+  server short of work meanwhile);
 * never under ``floor`` (one batch), so a server is never starved to zero.
 
 One decrease per congestion event: a signal from a request sent before the last decrease is
@@ -41,6 +47,7 @@ class ConcurrencyWindow:
         self.increases = 0
         self._acked = 0
         self._effective_from = -math.inf
+        self._recover_to = 0  # below this, after a 429, the window climbs back one batch per batch acked
         self._fast: float | None = None
         self._slow: float | None = None
         self._samples = 0
@@ -62,7 +69,8 @@ class ConcurrencyWindow:
             self._forget()
             return
         self._acked += inputs
-        if self._acked >= self.limit and self.limit < self.ceiling:
+        climb = self.step if self.limit < self._recover_to else self.limit
+        if self._acked >= climb and self.limit < self.ceiling:
             self.limit = min(self.ceiling, self.limit + self.step)
             self.increases += 1
             self._acked = 0
@@ -70,12 +78,15 @@ class ConcurrencyWindow:
     def on_overload(self, *, sent_at: float, now: float) -> None:
         """A request sent at ``sent_at`` got 429: nothing was processed, the server is full."""
         if sent_at > self._effective_from:
+            recover_to = self.limit
             self._decrease(now)
+            self._recover_to = recover_to
 
     def restart(self) -> None:
         """The server came back after being down: start again at half the ceiling."""
         self.limit = max(self.floor, self.ceiling // 2)
         self._acked = 0
+        self._recover_to = 0
         self._forget()
 
     def _forget(self) -> None:
@@ -83,6 +94,7 @@ class ConcurrencyWindow:
         self._samples = 0
 
     def _decrease(self, effective_from: float) -> None:
+        self._recover_to = 0  # climb back slowly, unless the decrease was a 429's (see on_overload)
         smaller = max(self.floor, self.limit // 2)
         self.decreases += smaller < self.limit
         self.limit = smaller
