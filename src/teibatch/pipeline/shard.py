@@ -246,26 +246,28 @@ class _RowsInOrder:
     def add(self, positions: list[int], result: EmbedResult) -> None:
         """``result`` for the documents at ``positions``, and the reused ones before its last."""
         if positions:
-            self._hand_over(positions[-1] + 1, np.asarray(positions, dtype=np.int64), result)
+            self._hand_over(positions[-1] + 1, (np.asarray(positions, dtype=np.int64), result))
 
     def finish(self) -> None:
         """The reused documents after the last embedded one (every document has been read)."""
-        self._hand_over(len(self._documents), None, None)
+        self._hand_over(len(self._documents), None)
 
-    def _hand_over(self, end: int, positions: np.ndarray | None, result: EmbedResult | None) -> None:
+    def _hand_over(self, end: int, embedded: tuple[np.ndarray, EmbedResult] | None) -> None:
+        """Documents up to ``end``: those at ``embedded``'s positions from its result, the others reused."""
         first = self._given
         if end <= first:
             return
         self._given = end
-        if result is not None and positions is not None and len(positions) == end - first:
-            vectors, ok, truncated = result.vectors, result.ok, result.truncated  # no reused one among them
+        if embedded is not None and len(embedded[0]) == end - first:
+            result = embedded[1]  # no reused one among them
+            vectors, ok, truncated = result.vectors, result.ok, result.truncated
         else:
             vectors = np.zeros((end - first, self._schema.dimension), dtype=np.float32)
             ok = np.zeros(end - first, dtype=bool)
             truncated = np.zeros(end - first, dtype=bool)
-            if result is not None and positions is not None:
-                vectors[positions - first], ok[positions - first] = result.vectors, result.ok
-                truncated[positions - first] = result.truncated
+            if embedded is not None:
+                at, result = embedded[0] - first, embedded[1]
+                vectors[at], ok[at], truncated[at] = result.vectors, result.ok, result.truncated
             for position in range(first, end):
                 previous = self._reused.get(position)
                 if previous is not None:

@@ -15,7 +15,7 @@ import orjson
 
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import SinkError
-from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, part_name, shard_of
+from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, part_path, shard_of
 from teibatch.sink.store import TEMP_MARK, OutputStore
 
 MANIFEST = "_manifest.json"
@@ -79,7 +79,7 @@ class Manifest:
     def parts_reading(self, sources: tuple[str, ...]) -> list[str]:
         """Vectors parts of committed shards that read any of ``sources``: where their documents were."""
         wanted = set(sources)
-        return [f"{VECTORS_DIR}/{part_name(sid)}" for sid, entry in sorted(self.shards.items())
+        return [part_path(VECTORS_DIR, sid) for sid, entry in sorted(self.shards.items())
                 if wanted.intersection(entry.sources)]
 
     @property

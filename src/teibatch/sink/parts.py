@@ -63,6 +63,11 @@ def part_name(shard_id: str) -> str:
     return f"part-{shard_id}.parquet"
 
 
+def part_path(directory: str, shard_id: str) -> str:
+    """Where shard ``shard_id``'s part of ``directory`` (vectors, rejects) lives, relative to the output."""
+    return f"{directory}/{part_name(shard_id)}"
+
+
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
                   kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None) -> pa.Table:
     """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32.
@@ -107,7 +112,7 @@ def _bool_array(flags: np.ndarray) -> pa.Array:
 def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Table,
                options: WriteOptions) -> str:
     """Write ``table`` as ``<directory>/part-<shard>.parquet``, all or nothing; return its relative path."""
-    relative = f"{directory}/{part_name(shard_id)}"
+    relative = part_path(directory, shard_id)
     store.write_atomic(relative, lambda handle: pq.write_table(
         table, handle, row_group_size=options.row_group_size, **_parquet_options(table.schema, options)))
     return relative
@@ -166,15 +171,14 @@ class VectorsPart:
         self._pending, self._pending_rows = [], 0
         self._writer.close()
         self._spill.seek(0)
-        relative = f"{directory}/{part_name(shard_id)}"
+        relative = part_path(directory, shard_id)
         store.write_atomic(relative, lambda handle: shutil.copyfileobj(self._spill, handle, SPILL_COPY_BYTES))
         return relative
 
     def close(self) -> None:
         """Forget the part (a no-op after :meth:`commit`'s write): its spill file goes away."""
-        if self._writer.is_open:
-            with contextlib.suppress(Exception):
-                self._writer.close()
+        with contextlib.suppress(Exception):  # closing twice is harmless; a failed write may leave it broken
+            self._writer.close()
         self._spill.close()
 
     def __enter__(self) -> VectorsPart:

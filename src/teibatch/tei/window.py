@@ -78,9 +78,7 @@ class ConcurrencyWindow:
     def on_overload(self, *, sent_at: float, now: float) -> None:
         """A request sent at ``sent_at`` got 429: nothing was processed, the server is full."""
         if sent_at > self._effective_from:
-            recover_to = self.limit
-            self._decrease(now)
-            self._recover_to = recover_to
+            self._decrease(now, recover_to=self.limit)
 
     def restart(self) -> None:
         """The server came back after being down: start again at half the ceiling."""
@@ -93,8 +91,9 @@ class ConcurrencyWindow:
         self._fast = self._slow = None
         self._samples = 0
 
-    def _decrease(self, effective_from: float) -> None:
-        self._recover_to = 0  # climb back slowly, unless the decrease was a 429's (see on_overload)
+    def _decrease(self, effective_from: float, recover_to: int = 0) -> None:
+        """Halve the window; below ``recover_to`` (a 429's, see :meth:`on_overload`) it climbs back fast."""
+        self._recover_to = recover_to
         smaller = max(self.floor, self.limit // 2)
         self.decreases += smaller < self.limit
         self.limit = smaller
