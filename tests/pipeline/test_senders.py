@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import subprocess
@@ -50,6 +51,29 @@ def plan_for(urls: list[str], batch: int = 4, inflight: int = 8) -> SenderPlan:
     (plan,) = plan_senders([ServerPlan(Endpoint(u), limits) for u in urls], route="embed", embed=EmbedOptions(),
                            dimension=384, model_id=None, api_key_env=None, request_timeout=30, max_retries=3)
     return plan
+
+
+@pytest.mark.timeout(60)
+def test_a_sender_opens_its_connections_once_before_it_knows_the_vector_size() -> None:
+    # Planned before the servers' probe: it opens a connection per request the server takes at once
+    # (8 inputs / 4 a request, and one for a smaller request), with /info, which TEI answers without
+    # queueing behind a batch.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
+        early = dataclasses.replace(plan_for([url]), dimension=None)
+        core = SenderCore(early)
+
+        async def connect_then_embed() -> None:
+            try:
+                await asyncio.gather(core.connect(), core.connect())
+                await core.connect()
+                assert stats(url)["requests"]["by_route"]["/info"] == 3  # type: ignore[index]
+                core.probed(384)
+                result = await core.embed([f"text {i}" for i in range(8)])
+                assert result.ok.all() and result.vectors.shape == (8, 384)
+            finally:
+                await core.close()
+
+        asyncio.run(connect_then_embed())
 
 
 @pytest.mark.timeout(60)

@@ -21,24 +21,31 @@ class ConnectedServer:
 
 
 @dataclass(frozen=True)
-class Fleet:
-    """The servers of one run, all serving the same model with the same vector size."""
+class ServersMet:
+    """The servers as their ``/info`` shows them: one embedding model, one route; their vector size still unseen."""
 
     servers: tuple[ConnectedServer, ...]
     model_id: str
-    dimension: int
     route: str
+
+
+@dataclass(frozen=True)
+class Fleet(ServersMet):
+    """The servers of one run, all serving the same model with the same vector size."""
+
+    dimension: int
 
 
 def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route: str,
             expected_model: str | None, api_key_env: str | None, timeout: float = 30.0,
-            before_probe: Callable[[], None] | None = None) -> Fleet:
+            before_probe: Callable[[ServersMet], None] | None = None) -> Fleet:
     """Read every server's ``/info`` and send one probe with the job's options.
 
     The probe catches, before any shard runs, what would otherwise fail every request: a wrong
     key, a reranker instead of an embedding model, an unknown ``prompt_name``, bad ``dimensions``.
-    ``before_probe`` is called between the two: a server is busy from its first embedding on, so
-    the caller may first get ready to send the real ones (see ``pipeline/run.py``).
+    ``before_probe`` is called between the two, with what ``/info`` said: a server is busy from its
+    first embedding on, so the caller may first get ready to send the real ones (see
+    ``pipeline/run.py``).
     """
     return asyncio.run(_connect(endpoints, options, requested_route, expected_model, api_key_env, timeout,
                                 before_probe))
@@ -46,21 +53,29 @@ def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route
 
 async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_route: str,
                    expected_model: str | None, api_key_env: str | None, timeout: float,
-                   before_probe: Callable[[], None] | None) -> Fleet:
+                   before_probe: Callable[[ServersMet], None] | None) -> Fleet:
     async with httpx.AsyncClient() as http:
         clients = [TeiClient(e, http, timeout=timeout) for e in endpoints]
         infos = await asyncio.gather(*(_read_info(client, api_key_env) for client in clients))
+        met = _one_model(tuple(ConnectedServer(e, info) for e, info in zip(endpoints, infos, strict=True)),
+                         options, requested_route, expected_model)
         if before_probe is not None:
-            before_probe()
-        results = await asyncio.gather(*(_probe(client, info, options, requested_route, api_key_env)
-                                         for client, info in zip(clients, infos, strict=True)))
-    servers = tuple(ConnectedServer(e, info) for e, (info, _, _) in zip(endpoints, results, strict=True))
-    models = {info.model_id for info, _, _ in results}
-    dimensions = {dim for _, dim, _ in results}
-    routes = {route for _, _, route in results}
-    if len(models) > 1 or len(dimensions) > 1:
-        described = ", ".join(f"{s.endpoint.url} serves {s.info.model_id} ({dim} dims)"
-                              for s, (_, dim, _) in zip(servers, results, strict=True))
+            before_probe(met)
+        dimensions = await asyncio.gather(*(_probe(client, met.route, options, api_key_env) for client in clients))
+    if len(set(dimensions)) > 1:
+        described = ", ".join(f"{s.endpoint.url} answers {dimension}-dimension vectors"
+                              for s, dimension in zip(met.servers, dimensions, strict=True))
+        raise JobSpecError(f"the servers disagree on the vector size: {described}; point the job at servers "
+                           "that serve one model with the same `dimensions`", key="servers")
+    return Fleet(servers=met.servers, model_id=met.model_id, dimension=dimensions[0], route=met.route)
+
+
+def _one_model(servers: tuple[ConnectedServer, ...], options: EmbedOptions, requested_route: str,
+               expected_model: str | None) -> ServersMet:
+    """The servers' one model and one route, or a :class:`JobSpecError` naming what differs."""
+    models = {s.info.model_id for s in servers}
+    if len(models) > 1:
+        described = ", ".join(f"{s.endpoint.url} serves {s.info.model_id}" for s in servers)
         raise JobSpecError(f"the servers disagree on the model: {described}; point the job at servers "
                            "that serve one model", key="servers")
     model_id = models.pop()
@@ -68,8 +83,8 @@ async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_r
         raise JobSpecError(f"the job asks for {expected_model} but the servers serve {model_id}; "
                            "fix model.id or the servers", key="model.id")
     # All servers share one route so that every vector comes from the same code path.
-    route = routes.pop() if len(routes) == 1 else "embed"
-    return Fleet(servers=servers, model_id=model_id, dimension=dimensions.pop(), route=route)
+    routes = {choose_route(requested_route, options, s.info) for s in servers}
+    return ServersMet(servers, model_id, routes.pop() if len(routes) == 1 else "embed")
 
 
 async def _read_info(client: TeiClient, api_key_env: str | None) -> ServerInfo:
@@ -82,13 +97,12 @@ async def _read_info(client: TeiClient, api_key_env: str | None) -> ServerInfo:
     return info
 
 
-async def _probe(client: TeiClient, info: ServerInfo, options: EmbedOptions, requested_route: str,
-                 api_key_env: str | None) -> tuple[ServerInfo, int, str]:
-    route = choose_route(requested_route, options, info)
+async def _probe(client: TeiClient, route: str, options: EmbedOptions, api_key_env: str | None) -> int:
+    """The size of the vectors ``client``'s server answers over ``route`` with the job's options."""
     packer = RequestPacker(route, options, max_batch_size=1, payload_limit=10**9)
     with _naming_the_key(client, api_key_env):
         vectors = await client.embed(packer.probe())
-    return info, int(vectors.shape[1]), route
+    return int(vectors.shape[1])
 
 
 @contextmanager

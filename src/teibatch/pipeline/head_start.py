@@ -6,10 +6,11 @@ the servers would wait for it. The driver has the reading code loaded already: i
 shard's first documents — the senders' whole budget, so every server gets a full queue, and at
 least :data:`MIN_HEAD_START_TEXTS`, so that servers with small budgets have work until the task
 sends (what does not fit the windows waits in the senders) — and sends them to the senders as
-ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read while the senders' processes
-start, before the servers' first embedding (the probe), so that the real ones follow it at once.
-The shard task, once started, takes those chunks' results as its own and sends the rest of its
-texts itself.
+ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read and sent while the senders'
+processes start, before the servers' first embedding (the probe): they wait in the senders, which
+start them as soon as the probe's answer gives them their plan, with no round trip through the
+driver or the object store in between. The shard task, once started, takes those chunks' results as
+its own and sends the rest of its texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
 hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -70,7 +72,7 @@ def texts_digest(texts: Iterable[str]) -> str:
 
 
 class FirstTexts:
-    """A shard's first texts, read as far as asked: some while the senders start, the rest once their budgets are known.
+    """A shard's first texts, read and sent as far as asked: some before the servers' probe, the rest after.
 
     A shard that cannot be read gets no head start (:attr:`failed`): its task meets the same error
     and reports it.
@@ -83,6 +85,8 @@ class FirstTexts:
         self._chars = 0
         self._items: Iterator[object] | None = None
         self._ended = False
+        self._chunks: list[SentChunk] = []
+        self._load: list[int] = []  # texts sent to each sender
 
     def read(self, count: int) -> None:
         """Read on until ``count`` texts are held, the shard ends or :data:`MAX_HEAD_START_CHARS` is reached."""
@@ -103,23 +107,38 @@ class FirstTexts:
             log.debug("no head start for shard %s: %s", self.shard.id, exc)
             self._ended = self.failed = True
 
+    def send(self, senders: Sequence[SenderRef], count: int) -> None:
+        """Read on to ``count`` texts, rounded up to whole chunks, and send those not sent yet over ``senders``.
+
+        Each chunk goes to the sender with the least of them per unit of its budget. ``senders`` may
+        be planned before the servers' probe (no dimension yet): their chunks wait in the senders.
+        """
+        chunk_size = min(s.chunk_size for s in senders)
+        self.read(math.ceil(count / chunk_size) * chunk_size)
+        if self.failed:
+            return
+        load = self._load or [0] * len(senders)
+        sent = sum(chunk.length for chunk in self._chunks)
+        for start in range(sent, len(self.texts), chunk_size):
+            chunk = self.texts[start:start + chunk_size]
+            index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
+            result = senders[index].actor.embed.remote(chunk, HEAD_START_PRIORITY, senders[index].plan)
+            self._chunks.append(SentChunk(start, len(chunk), index, result))
+            load[index] += len(chunk)
+        self._load = load
+
+    def head_start(self) -> HeadStart | None:
+        """What was sent, for the shard's task; ``None`` if nothing was (an empty or unreadable shard)."""
+        if self.failed or not self._chunks:
+            return None
+        count = sum(chunk.length for chunk in self._chunks)
+        return HeadStart(count, texts_digest(self.texts[:count]), tuple(self._chunks))
+
 
 def send_head_start(first: FirstTexts, senders: Sequence[SenderRef]) -> HeadStart | None:
-    """Read ``first`` on to the senders' whole budget and send its texts over ``senders``.
+    """Send ``first`` on to the senders' whole budget (at least :data:`MIN_HEAD_START_TEXTS`): the whole head start.
 
     ``None`` if there is nothing to send (an empty or unreadable shard).
     """
-    first.read(max(MIN_HEAD_START_TEXTS, sum(s.budget for s in senders)))
-    texts = first.texts
-    if first.failed or not texts:
-        return None
-    chunk_size = min(s.chunk_size for s in senders)
-    load = [0] * len(senders)
-    chunks = []
-    for start in range(0, len(texts), chunk_size):
-        chunk = texts[start:start + chunk_size]
-        index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
-        result = senders[index].actor.embed.remote(chunk, HEAD_START_PRIORITY, senders[index].plan)
-        chunks.append(SentChunk(start, len(chunk), index, result))
-        load[index] += len(chunk)
-    return HeadStart(len(texts), texts_digest(texts), tuple(chunks))
+    first.send(senders, max(MIN_HEAD_START_TEXTS, sum(s.budget for s in senders)))
+    return first.head_start()

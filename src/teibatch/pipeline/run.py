@@ -13,6 +13,7 @@ import ray
 
 from teibatch.corpus import Shard, keep_field_types, plan_shards, probe_corpus
 from teibatch.crashpoints import crashpoint, task_environment
+from teibatch.endpoint import Endpoint
 from teibatch.errors import (
     CapacityUnavailable,
     CorpusMismatch,
@@ -25,7 +26,7 @@ from teibatch.errors import (
 )
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
-from teibatch.pipeline.connect import ConnectedServer, Fleet, connect
+from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
@@ -35,13 +36,14 @@ from teibatch.pipeline.providers import fleet_record, fleet_session, provider_fo
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.senders import (
+    SenderPlan,
     SenderRef,
     ServerPlan,
     last_streams,
     launch_senders,
     plan_senders,
-    sender_count,
     sender_news,
+    split_servers,
     start_senders,
     stop_senders,
     streams_done,
@@ -236,18 +238,29 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             warming = time.monotonic()
             one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-            actors, senders_up, workers_up = _start_warm_up(len(endpoints),
+            actors, senders_up, workers_up = _start_warm_up(endpoints, job.servers.api_key_env,
                                                             _workers_to_warm(one_machine, len(pending)))
             try:
                 # The servers are met while the senders' processes and the first workers start; their
-                # first embedding (the probe) waits for the senders, so that the real ones follow at once.
+                # first embedding (the probe) waits for the senders (and their connections), and the
+                # first texts wait in the senders for the probe's answer, so that the real embeddings
+                # follow it at once.
                 met = time.monotonic()
                 senders_wait = _Stopwatch(lambda: _wait_warm_up(senders_up))
                 first = None if previous(pending[0]) else FirstTexts(job.corpus_options(), pending[0])
 
-                def before_probe() -> None:
-                    if first is not None:  # while the senders start: after the probe the servers would wait
-                        first.read(MIN_HEAD_START_TEXTS)
+                def plans(servers: ServersMet, dimension: int | None) -> list[SenderPlan]:
+                    return plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in servers.servers],
+                                        route=servers.route, embed=options, dimension=dimension,
+                                        model_id=servers.model_id, api_key_env=job.servers.api_key_env,
+                                        request_timeout=job.client.request_timeout,
+                                        max_retries=job.client.max_retries)
+
+                def before_probe(servers: ServersMet) -> None:
+                    # The senders are set up, and the first texts reach them, before the servers are busy.
+                    early = start_senders(plans(servers, None), actors)
+                    if first is not None:
+                        first.send(early, MIN_HEAD_START_TEXTS)
                     senders_wait()
 
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
@@ -258,12 +271,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
-                plans = plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in fleet.servers],
-                                     route=fleet.route, embed=options, dimension=fleet.dimension,
-                                     model_id=fleet.model_id, api_key_env=job.servers.api_key_env,
-                                     request_timeout=job.client.request_timeout, max_retries=job.client.max_retries)
-                senders = start_senders(plans, actors)
-                actors = [s.actor for s in senders]
+                senders = start_senders(plans(fleet, fleet.dimension), actors)
                 context = _context(job, fleet)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
@@ -297,10 +305,11 @@ class _Stopwatch:
         self.seconds += time.monotonic() - started
 
 
-def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[Any], list[Any]]:
-    """Start the senders' processes and ready ``workers`` shard workers.
+def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None,
+                   workers: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """Start the senders' processes (they connect to ``servers``) and ready ``workers`` shard workers.
 
-    Returns the sender actors, what says they are up, and what says the workers are ready.
+    Returns the sender actors, what says they are up and connected, and what says the workers are ready.
 
     Started before the servers are met, so that from their first embedding on they wait for no
     process start-up: an actor's process takes a third of a second or more to start, and a worker's
@@ -310,7 +319,7 @@ def _start_warm_up(servers: int, workers: int) -> tuple[list[Any], list[Any], li
     so that their workers are free again for it. A sender that fails to start is found by the first
     chunk sent to it.
     """
-    actors = launch_senders(sender_count(servers))
+    actors = launch_senders(split_servers(servers), api_key_env)
     warm = _as_shard_work(warm_worker)
     return actors, [actor.warm.remote() for actor in actors], [warm.remote() for _ in range(workers)]
 

@@ -29,6 +29,7 @@ last shard of a run included, and a task that is reading or writing holds none o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import math
@@ -37,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -61,6 +62,8 @@ from teibatch.tei import (
 )
 from teibatch.tei.work import Failure
 
+T = TypeVar("T")
+
 SERVERS_PER_SENDER = 4
 CHUNK_BATCHES = 8
 # A task keeps this many of a sender's budgets outstanding there (plus a chunk): enough queued in the
@@ -70,6 +73,10 @@ MAX_SENDER_RESTARTS = 5
 MAX_CHUNK_RESENDS = 3
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
 WAIT_SLICE_S = 5.0
+# Connections a sender opens to each server before the first chunk (TEI's defaults take 16 requests),
+# and how long it waits for one.
+CONNECTIONS_AHEAD = 16
+CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -82,12 +89,17 @@ class ServerPlan:
 
 @dataclass(frozen=True)
 class SenderPlan:
-    """What one sender needs: its servers (with their whole limits) and how to talk to them."""
+    """What one sender needs: its servers (with their whole limits) and how to talk to them.
+
+    ``dimension`` is ``None`` until the servers' probe has shown it: a sender given such a plan
+    connects to its servers, and the chunks sent with it (the driver's head start) wait in the
+    sender until it has the probed plan.
+    """
 
     servers: tuple[ServerPlan, ...]
     route: str
     embed: EmbedOptions
-    dimension: int
+    dimension: int | None
     model_id: str | None = None
     api_key_env: str | None = None
     request_timeout: float = 60.0
@@ -109,13 +121,18 @@ def sender_count(servers: int) -> int:
     return max(1, math.ceil(servers / SERVERS_PER_SENDER))
 
 
-def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int,
+def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int | None,
                  model_id: str | None, api_key_env: str | None, request_timeout: float,
                  max_retries: int) -> list[SenderPlan]:
-    """Split ``servers`` between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
+    """One plan per sender, with its share of ``servers`` (:func:`split_servers`)."""
+    return [SenderPlan(tuple(own), route, embed, dimension, model_id, api_key_env, request_timeout, max_retries)
+            for own in split_servers(servers)]
+
+
+def split_servers(servers: Sequence[T]) -> list[Sequence[T]]:
+    """``servers`` split between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
     count = sender_count(len(servers))
-    return [SenderPlan(tuple(servers[i::count]), route, embed, dimension, model_id, api_key_env,
-                       request_timeout, max_retries) for i in range(count)]
+    return [servers[i::count] for i in range(count)]
 
 
 class Streams:
@@ -142,18 +159,62 @@ class Streams:
         return self.last is not None and self.last <= self.done
 
 
+class ServerClients:
+    """A sender's HTTP clients: one per server (each its own connection pool), opened before they are needed.
+
+    One per server: httpcore's pool scans every connection it holds on each request and answer
+    (twice over for idle ones), so one pool shared by every server costs the sender the square of
+    their connections per request. No cap on connections: the sender's pool never has more
+    requests in flight to a server than its limits allow (plus the probe of a server taken out),
+    and a connection opened stays open for the next request.
+    """
+
+    def __init__(self) -> None:
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._opening: dict[str, asyncio.Future[list[object]]] = {}
+
+    def get(self, url: str) -> httpx.AsyncClient:
+        """The client of the server at ``url``."""
+        if url not in self._clients:
+            self._clients[url] = httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=None))
+        return self._clients[url]
+
+    async def open(self, endpoints: Iterable[Endpoint], per_server: int, api_key_env: str | None) -> None:
+        """Open ``per_server`` connections to each of ``endpoints`` not opened yet (waits for those being opened).
+
+        ``/info`` on each, all at once: answered by TEI's router, never queued behind a batch.
+        Opening a connection costs the sender a millisecond or two of CPU; opened together with the
+        first requests, they would all be opened before the first request is written, and the
+        servers would wait that long. Best effort: a server that does not answer is found, and
+        dealt with, by the chunks.
+        """
+        for endpoint in endpoints:
+            if endpoint.url not in self._opening:
+                client = TeiClient(endpoint, self.get(endpoint.url), timeout=CONNECT_TIMEOUT_S, api_key_env=api_key_env)
+                self._opening[endpoint.url] = asyncio.gather(*(client.info() for _ in range(per_server)),
+                                                             return_exceptions=True)
+        # Shielded: one caller cancelled leaves the connections opening for the others.
+        await asyncio.shield(asyncio.gather(*self._opening.values()))
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+
+
 class SenderCore:
     """One sender's work, on its own event loop: a pool of its servers shared by every chunk.
 
     Plain Python so that it can be tested without Ray; :class:`SenderActor` hosts it in Ray.
     """
 
-    def __init__(self, plan: SenderPlan, streams: Streams | None = None) -> None:
+    def __init__(self, plan: SenderPlan, streams: Streams | None = None, clients: ServerClients | None = None) -> None:
         self.plan = plan
+        self.dimension = plan.dimension  # None until the servers' probe (see :meth:`probed`)
         self.streams = streams or Streams()
+        self.clients = clients or ServerClients()
         self._pool: EndpointPool | None = None
         self._packer: RequestPacker | None = None
-        self._clients: list[httpx.AsyncClient] = []
         self._admission: OldestFirst | None = None
         self._reported: dict[str, tuple[int, int]] = {}
         self.chunks = 0
@@ -161,17 +222,10 @@ class SenderCore:
     def _start(self) -> tuple[EndpointPool, RequestPacker, OldestFirst]:
         if self._pool is None or self._packer is None or self._admission is None:
             plan = self.plan
-            # A client (and connection pool) per server: httpcore's pool scans every connection it
-            # holds on each request and answer (twice over for idle ones), so one pool shared by every
-            # server costs the sender the square of their connections per request. One connection
-            # beyond the requests in flight: for the probes of a server taken out.
-            self._clients = [httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(
-                max_connections=connections, max_keepalive_connections=connections))
-                for connections in (p.limits.max_requests + 1 for p in plan.servers)]
-            servers = [Server(TeiClient(p.endpoint, http, timeout=plan.request_timeout, model=plan.model_id,
-                                        api_key_env=plan.api_key_env, expected_dimension=plan.dimension,
-                                        normalized=plan.embed.normalize), p.limits)
-                       for p, http in zip(plan.servers, self._clients, strict=True)]
+            servers = [Server(TeiClient(p.endpoint, self.clients.get(p.endpoint.url), timeout=plan.request_timeout,
+                                        model=plan.model_id, api_key_env=plan.api_key_env,
+                                        expected_dimension=self.dimension, normalized=plan.embed.normalize), p.limits)
+                       for p in plan.servers]
             self._pool = EndpointPool(servers)
             self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
                                          payload_limit=self._pool.payload_limit)
@@ -183,24 +237,32 @@ class SenderCore:
             self.streams.changed = self._pool.wake
         return self._pool, self._packer, self._admission
 
-    async def connect(self) -> None:
-        """Set up the pool and open a connection to every server (``/health``), before the first chunk.
+    def probed(self, dimension: int) -> None:
+        """Take the vector size the servers' probe showed: from now on every answer is checked against it."""
+        if self.dimension is None:
+            self.dimension = dimension
+            for server in self._pool.servers if self._pool is not None else ():
+                server.client.expected_dimension = dimension
 
-        Best effort: a server that does not answer is found, and dealt with, by the chunks.
-        """
+    async def connect(self) -> None:
+        """Set up the pool and open the connections its first requests will use (:meth:`ServerClients.open`)."""
         pool, _, _ = self._start()
-        await asyncio.gather(*(server.client.healthy() for server in pool.servers), return_exceptions=True)
+        await self.clients.open((server.client.endpoint for server in pool.servers),
+                                min(max(server.max_requests for server in pool.servers), CONNECTIONS_AHEAD),
+                                self.plan.api_key_env)
 
     async def embed(self, texts: list[str], priority: float = 0.0) -> EmbedResult:
         """Vectors (or a failure) for every text, sent over this sender's servers.
 
         ``priority``: the start time of the shard task that sent them; the oldest task's chunks go first.
         """
+        if self.dimension is None:
+            raise RuntimeError("a sender embeds only once the servers' probe has shown their vector size")
         pool, packer, admission = self._start()
         async with admission.slot(priority):
             self.chunks += 1
             crashpoint("sender-chunk")
-            return await embed_texts(pool, packer, texts, dimension=self.plan.dimension,
+            return await embed_texts(pool, packer, texts, dimension=self.dimension,
                                      max_retries=self.plan.max_retries)
 
     def stats(self) -> dict[str, dict[str, object]]:
@@ -227,38 +289,52 @@ class SenderCore:
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
-        for client in self._clients:
-            await client.aclose()
+        await self.clients.close()
 
 
 class SenderActor:
     """The Ray actor around a :class:`SenderCore` (async methods: chunks run concurrently).
 
-    Its plan comes with every chunk rather than at creation, so that the actor's process can start
-    before the servers are known, and a restarted actor (Ray calls ``__init__`` again) has it from
-    the first chunk it is sent.
+    It is created with its servers' addresses, before anything else is known of them, and opens
+    connections to them at once, while Ray readies it for its first call (a tenth of a second or
+    more). Its plan comes with every chunk, so that a restarted actor (Ray calls ``__init__``
+    again) has it from the first chunk it is sent. A plan without a dimension (sent before the
+    servers' probe) sets the sender up; chunks sent with one wait until a probed plan comes with
+    another call.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, servers: Sequence[Endpoint] = (), api_key_env: str | None = None) -> None:
         self.core: SenderCore | None = None
         self.streams = Streams()
+        self.clients = ServerClients()
+        self._probed = asyncio.Event()
+        self._connecting: asyncio.Task[None] | None = None
+        if servers:
+            with contextlib.suppress(RuntimeError):  # no event loop: built outside Ray, connects when called
+                self._connecting = asyncio.get_running_loop().create_task(
+                    self.clients.open(servers, CONNECTIONS_AHEAD, api_key_env))
 
     async def warm(self) -> None:
-        """Do the one-time set-up that needs no plan (see :func:`tls_context`) before the servers are met.
+        """Finish the one-time set-up before the servers' probe: :func:`tls_context`, the connections.
 
-        Also moves every object alive now (Ray's, the imported modules') out of the garbage
-        collector's sight: a full collection scanned them all, a 50-70 ms pause in which no answer
-        became a new request.
+        Also moves every object alive now (Ray's, the imported modules', the connections') out of
+        the garbage collector's sight: a full collection scanned them all, a 50-70 ms pause in which
+        no answer became a new request.
         """
         tls_context()
+        if self._connecting is not None:
+            await self._connecting
         gc.freeze()
 
     async def prepare(self, plan: SenderPlan) -> None:
-        """Take ``plan`` and connect to its servers, while the first shard tasks start."""
+        """Take ``plan`` and connect to its servers (once), while the servers are probed or the first tasks start."""
         await self._core(plan).connect()
 
     async def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
-        return await self._core(plan).embed(texts, priority)
+        core = self._core(plan)
+        if core.dimension is None:
+            await self._probed.wait()
+        return await core.embed(texts, priority)
 
     async def stream_done(self, stream: str) -> None:
         """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
@@ -270,7 +346,10 @@ class SenderActor:
 
     def _core(self, plan: SenderPlan) -> SenderCore:
         if self.core is None:
-            self.core = SenderCore(plan, self.streams)
+            self.core = SenderCore(plan, self.streams, self.clients)
+        if plan.dimension is not None:
+            self.core.probed(plan.dimension)
+            self._probed.set()
         return self.core
 
     async def stats(self) -> dict[str, dict[str, object]]:
@@ -310,12 +389,13 @@ class SenderRef:
         return self.plan.chunk_size
 
 
-def launch_senders(count: int) -> list[Any]:
-    """``count`` sender actors, on this (the driver's) node when it can, restarted by Ray when they die.
+def launch_senders(groups: Sequence[Sequence[Endpoint]], api_key_env: str | None = None) -> list[Any]:
+    """A sender actor for each group of servers (:func:`split_servers`), on this (the driver's) node when it can.
 
-    Returns at once: the actors' processes start (a second of CPU each) while the driver goes on —
-    meeting the servers, starting the first shard tasks; chunks sent meanwhile wait in the actor's
-    queue. A sender that fails to start is found by the first chunk sent to it.
+    Ray restarts one that dies. Returns at once: the actors' processes start (a second of CPU each)
+    and connect to their servers while the driver goes on — meeting the servers, reading the first
+    texts; chunks sent meanwhile wait in the actor's queue. A sender that fails to start is found by
+    the first chunk sent to it.
     """
     here = ray.get_runtime_context().get_node_id()
     options: dict[str, object] = {
@@ -324,12 +404,14 @@ def launch_senders(count: int) -> list[Any]:
     if crash_settings := task_environment():
         options["runtime_env"] = {"env_vars": crash_settings}
     actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
-    return [actor_class.remote() for _ in range(count)]
+    return [actor_class.remote(tuple(servers), api_key_env) for servers in groups]
 
 
 def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = None) -> list[SenderRef]:
     """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones."""
-    actors = list(actors) if actors is not None else launch_senders(len(plans))
+    if actors is None:
+        actors = launch_senders([[p.endpoint for p in plan.servers] for plan in plans],
+                                plans[0].api_key_env if plans else None)
     if len(actors) != len(plans):
         raise ValueError(f"{len(plans)} sender plans for {len(actors)} sender actors")
     for actor, plan in zip(actors, plans, strict=True):
