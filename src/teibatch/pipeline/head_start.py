@@ -118,8 +118,7 @@ class FirstTexts:
         if self.failed:
             return
         load = self._load or [0] * len(senders)
-        sent = sum(chunk.length for chunk in self._chunks)
-        for start in range(sent, len(self.texts), chunk_size):
+        for start in range(self._sent, len(self.texts), chunk_size):
             chunk = self.texts[start:start + chunk_size]
             index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
             result = senders[index].actor.embed.remote(chunk, HEAD_START_PRIORITY, senders[index].plan)
@@ -131,8 +130,12 @@ class FirstTexts:
         """What was sent, for the shard's task; ``None`` if nothing was (an empty or unreadable shard)."""
         if self.failed or not self._chunks:
             return None
-        count = sum(chunk.length for chunk in self._chunks)
-        return HeadStart(count, texts_digest(self.texts[:count]), tuple(self._chunks))
+        return HeadStart(self._sent, texts_digest(self.texts[:self._sent]), tuple(self._chunks))
+
+    @property
+    def _sent(self) -> int:
+        """How many of the first texts have been sent (the chunks follow one another from the first)."""
+        return sum(chunk.length for chunk in self._chunks)
 
 
 def send_head_start(first: FirstTexts, senders: Sequence[SenderRef]) -> HeadStart | None:

@@ -189,13 +189,15 @@ class ServerClients:
         servers would wait that long. Best effort: a server that does not answer is found, and
         dealt with, by the chunks.
         """
+        opening = []
         for endpoint in endpoints:
             if endpoint.url not in self._opening:
                 client = TeiClient(endpoint, self.get(endpoint.url), timeout=CONNECT_TIMEOUT_S, api_key_env=api_key_env)
                 self._opening[endpoint.url] = asyncio.gather(*(client.info() for _ in range(per_server)),
                                                              return_exceptions=True)
+            opening.append(self._opening[endpoint.url])
         # Shielded: one caller cancelled leaves the connections opening for the others.
-        await asyncio.shield(asyncio.gather(*self._opening.values()))
+        await asyncio.shield(asyncio.gather(*opening))
 
     async def close(self) -> None:
         for client in self._clients.values():
