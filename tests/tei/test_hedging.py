@@ -126,15 +126,35 @@ def test_plan_copies_the_last_requests_of_the_busiest_server_to_the_idle_one() -
     busy, idle = make_servers(2)
     queued = flights_on(busy, [1000, 1000, 1000, 1000], 1)
     copies = plan_copies([busy, idle], queued)
-    # The last two land after 4,000 and 3,000 characters; their copies after 1,000 and 2,000, before the
-    # busy server would start them. A third copy would land after 3,000, when the original is long started.
+    # The last two land after 4,000 and 3,000 characters; their copies, answered together, after 2,000.
+    # A third copy would make that batch 3,000 characters, later than its original (after 2,000).
     assert [(flight.order, target) for flight, target in copies] == [(4, idle), (3, idle)]
+
+
+def test_plan_copies_the_last_request_even_when_its_own_batch_would_be_shorter() -> None:
+    busy, idle = make_servers(2)
+    queued = flights_on(busy, [1000, 300], 1)
+    # Done before the original's 1,300 characters, though not before the busy server starts it.
+    assert [(flight.order, target) for flight, target in plan_copies([busy, idle], queued)] == [(2, idle)]
 
 
 def test_plan_copies_nothing_when_the_servers_would_finish_together() -> None:
     first, second = make_servers(2)
     flights = flights_on(first, [1000, 1000], 1) + flights_on(second, [1000, 1000], 3)
     assert plan_copies([first, second], flights) == []
+
+
+def test_plan_copies_nothing_to_a_server_that_still_has_requests_of_its_own() -> None:
+    # TEI would put the copy into the same batch as that server's own last requests, making them later.
+    busy, short, idle = make_servers(3)
+    flights = flights_on(busy, [1000] * 4, 1) + flights_on(short, [100], 5)
+    assert plan_copies([busy, short], flights) == []
+    assert {target for _, target in plan_copies([busy, short, idle], flights)} == {idle}
+
+
+def test_plan_copies_nothing_of_a_request_first_in_line() -> None:
+    busy, idle = make_servers(2)
+    assert plan_copies([busy, idle], flights_on(busy, [1000], 1)) == []
 
 
 def test_plan_copies_only_what_fits_the_other_server() -> None:
@@ -147,9 +167,12 @@ def test_plan_copies_only_what_fits_the_other_server() -> None:
 
 
 def test_plan_copies_each_request_at_most_once_and_never_a_copy() -> None:
-    busy, idle = make_servers(2)
+    busy, idle, other = make_servers(3)
     queued = flights_on(busy, [1000] * 4, 1)
-    queued[3].twin = Flight(idle, queued[3].request, 5, twin=queued[3], is_copy=True)
-    idle.in_flight, idle.requests_in_flight = 8, 1
-    copies = plan_copies([busy, idle], [*queued, queued[3].twin])
+    copy = Flight(other, queued[3].request, 5, twin=queued[3], is_copy=True)
+    queued[3].twin = copy
+    other.in_flight, other.requests_in_flight = 8, 1
+    copies = plan_copies([busy, idle, other], [*queued, copy])
+    # Order 4 has its copy already and the copy is never copied: the idle server takes order 3 (and
+    # order 2 would be back after 2,000 characters, no sooner than its original).
     assert [(flight.order, target) for flight, target in copies] == [(3, idle)]

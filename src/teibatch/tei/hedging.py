@@ -3,10 +3,9 @@
 At the end of a run every server drains the requests it holds, and they do not finish together:
 TEI batches up to ``max_batch_tokens`` at a time, texts differ in length, one GPU may be slower.
 The client waits for the last server while the others sit idle. Once the caller says that no more
-work is coming (``EndpointPool.all_work_in``) and no text waits to be sent, the server that would be
-free first takes a copy of the request that would land last elsewhere — only when the copy would be
-done before the other server even starts the original. The first answer wins; the other one is
-dropped when it comes.
+work is coming (``EndpointPool.all_work_in``) and no text waits to be sent, a server with nothing in
+flight takes copies of the requests that would land last elsewhere, as many as would come back
+before their originals. The first answer wins; the other one is dropped when it comes.
 
 What a copy never breaks, and what it costs:
 
@@ -15,10 +14,14 @@ What a copy never breaks, and what it costs:
   queue while the client would count it as gone), so ``max_concurrent_requests`` holds on both;
 * a copy is made only of an original, at most once, and only when it fits the other server's batch
   and payload limits;
-* it costs only time of servers that would otherwise wait: nothing is copied while any text waits.
+* it costs only time of servers that would otherwise wait: nothing is copied while any text waits,
+  and only to a server with nothing in flight. TEI puts every request it holds into its next batch
+  (up to ``max_batch_tokens``), so a copy sent to a server that still has requests of its own would
+  join their batch and make them later; a copy that loses on an idle server took nothing from anyone.
 
 The estimate counts characters and takes every server as equally fast: a request lands after the
-characters sent to its server before it, and after its own.
+characters sent to its server before it, and after its own; the copies sent to one idle server
+together form one batch and come back together, after all of their characters.
 """
 
 from __future__ import annotations
@@ -63,22 +66,25 @@ class Flight:
 
 
 def plan_copies(servers: Sequence[Server], flights: Collection[Flight]) -> list[tuple[Flight, Server]]:
-    """Which requests to copy where: the one that would land last goes to the server free first, while
-    its copy would be back before the original's server even starts it."""
+    """Which requests to copy where: the ones that would land last go to servers with nothing in flight,
+    as long as the copies sent to one server, answered together, would be back before the original."""
     queued = {id(server): 0 for server in servers}
     ahead: dict[int, int] = {}
     for flight in sorted(flights, key=lambda f: f.order):
         ahead[id(flight)] = queued.get(id(flight.server), 0)
         queued[id(flight.server)] = ahead[id(flight)] + flight.request.chars
+    idle = [s for s in servers if queued[id(s)] == 0 and s.requests_in_flight == 0]
     candidates = [f for f in flights if f.copy_to is not None and f.twin is None and not f.is_copy and not f.landed]
     candidates.sort(key=lambda f: ahead[id(f)] + f.request.chars, reverse=True)
     copies: list[tuple[Flight, Server]] = []
     for flight in candidates:
-        targets = [s for s in servers if flight.fits(s)]
+        targets = [s for s in idle if flight.fits(s)]
         if not targets:
             continue
         target = min(targets, key=lambda s: queued[id(s)])
-        if queued[id(target)] + flight.request.chars > ahead[id(flight)]:
+        # The copies to one server come back together, after all of their characters; candidates come
+        # latest first, so this copy's original is the earliest of them to land.
+        if queued[id(target)] >= ahead[id(flight)]:
             continue
         copies.append((flight, target))
         queued[id(target)] += flight.request.chars
