@@ -11,7 +11,7 @@ import httpx
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import JobSpecError, TeiAuthError, WrongModelKind
-from teibatch.tei import EmbedOptions, RequestPacker, ServerInfo, TeiClient, choose_route
+from teibatch.tei import EmbedOptions, RequestPacker, ServerInfo, TeiClient, choose_route, tls_settings
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route
 async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_route: str,
                    expected_model: str | None, api_key_env: str | None, timeout: float,
                    before_probe: Callable[[ServersMet], None] | None) -> Fleet:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(verify=tls_settings(*(e.url for e in endpoints))) as http:
         clients = [TeiClient(e, http, timeout=timeout) for e in endpoints]
         infos = await asyncio.gather(*(_read_info(client, api_key_env) for client in clients))
         met = _one_model(tuple(ConnectedServer(e, info) for e, info in zip(endpoints, infos, strict=True)),

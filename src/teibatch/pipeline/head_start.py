@@ -9,8 +9,10 @@ sends (what does not fit the windows waits in the senders) — and sends them to
 ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read and sent while the senders'
 processes start, before the servers' first embedding (the probe): they wait in the senders, which
 start them as soon as the probe's answer gives them their plan, with no round trip through the
-driver or the object store in between. The shard task, once started, takes those chunks' results as
-its own and sends the rest of its texts itself.
+driver or the object store in between. The first of them, one full window per server, the driver
+also sends to the servers itself right after the probe (``pipeline/first_wave.py``): their chunks
+wait in the senders for the driver's vectors. The shard task, once started, takes those chunks'
+results as its own and sends the rest of its texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
 hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
@@ -24,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,24 +109,38 @@ class FirstTexts:
             log.debug("no head start for shard %s: %s", self.shard.id, exc)
             self._ended = self.failed = True
 
-    def send(self, senders: Sequence[SenderRef], count: int) -> None:
+    def read_chunks(self, count: int, chunk_size: int) -> None:
+        """:meth:`read` on to ``count`` texts rounded up to whole chunks of ``chunk_size`` (as :meth:`send` does)."""
+        self.read(math.ceil(count / chunk_size) * chunk_size)
+
+    def send(self, senders: Sequence[SenderRef], count: int, wave: Collection[int] = ()) -> None:
         """Read on to ``count`` texts, rounded up to whole chunks, and send those not sent yet over ``senders``.
 
         Each chunk goes to the sender with the least of them per unit of its budget. ``senders`` may
         be planned before the servers' probe (no dimension yet): their chunks wait in the senders.
+        ``wave``: the first texts' positions of the chunks the driver sends itself (``pipeline/first_wave.py``):
+        those wait in their sender for the driver's vectors.
         """
         chunk_size = min(s.chunk_size for s in senders)
-        self.read(math.ceil(count / chunk_size) * chunk_size)
+        self.read_chunks(count, chunk_size)
         if self.failed:
             return
         load = self._load or [0] * len(senders)
         for start in range(self._sent, len(self.texts), chunk_size):
             chunk = self.texts[start:start + chunk_size]
             index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
-            result = senders[index].actor.embed.remote(chunk, HEAD_START_PRIORITY, senders[index].plan)
+            sender = senders[index]
+            if start in wave:
+                result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan, start)
+            else:
+                result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan)
             self._chunks.append(SentChunk(start, len(chunk), index, result))
             load[index] += len(chunk)
         self._load = load
+
+    def sender_of(self, start: int) -> int:
+        """The index of the sender that chunk ``start`` was sent to."""
+        return next(chunk.sender for chunk in self._chunks if chunk.start == start)
 
     def head_start(self) -> HeadStart | None:
         """What was sent, for the shard's task; ``None`` if nothing was (an empty or unreadable shard)."""

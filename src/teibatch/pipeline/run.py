@@ -28,6 +28,7 @@ from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
 from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
@@ -60,7 +61,7 @@ from teibatch.sink import (
     remove_uncommitted_temp,
 )
 from teibatch.sink import write_report as save_report
-from teibatch.tei import ClientLimits, EmbedOptions
+from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
 
 log = logging.getLogger(__name__)
 
@@ -238,36 +239,51 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             interrupts.check()
             warming = time.monotonic()
             one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-            actors, senders_up, workers_up = _start_warm_up(endpoints, job.servers.api_key_env,
-                                                            _workers_to_warm(one_machine, len(pending)))
+            actors, workers_up = _start_warm_up(endpoints, job.servers.api_key_env,
+                                                _workers_to_warm(one_machine, len(pending)))
+            wave: FirstWave | None = None
+            early: list[SenderRef] = []  # the senders as planned before the probe
             try:
-                # The servers are met while the senders' processes and the first workers start; their
-                # first embedding (the probe) waits for the senders (and their connections), and the
-                # first texts wait in the senders for the probe's answer, so that the real embeddings
-                # follow it at once.
+                # The servers are met while the senders' processes and the first workers start. The
+                # driver sends the first requests itself right after the probe (``pipeline/first_wave.py``),
+                # so that the servers wait for no process; the senders take over as they come up, and
+                # the rest of the first texts wait in them meanwhile.
                 met = time.monotonic()
-                senders_wait = _Stopwatch(lambda: _wait_warm_up(senders_up))
                 first = None if previous(pending[0]) else FirstTexts(job.corpus_options(), pending[0])
+                if first is not None:
+                    first.read(MIN_HEAD_START_TEXTS)  # before the servers are met: the wave is planned at once
 
                 def plans(servers: ServersMet, dimension: int | None) -> list[SenderPlan]:
-                    return plan_senders([ServerPlan(s.endpoint, _limits(job, s)) for s in servers.servers],
-                                        route=servers.route, embed=options, dimension=dimension,
-                                        model_id=servers.model_id, api_key_env=job.servers.api_key_env,
+                    return plan_senders(_server_plans(job, servers), route=servers.route, embed=options,
+                                        dimension=dimension, model_id=servers.model_id,
+                                        api_key_env=job.servers.api_key_env,
                                         request_timeout=job.client.request_timeout,
-                                        max_retries=job.client.max_retries)
+                                        max_retries=job.client.max_retries,
+                                        held=wave.held if wave is not None else None)
 
                 def before_probe(servers: ServersMet) -> None:
-                    # The senders are set up, and the first texts reach them, before the servers are busy.
+                    # The wave is planned, the senders are told what it holds, and the first texts reach
+                    # them, before the servers are busy.
+                    nonlocal wave, early
+                    if first is not None:
+                        chunk_size = min(p.chunk_size for p in plans(servers, None))
+                        first.read_chunks(MIN_HEAD_START_TEXTS, chunk_size)
+                        if not first.failed:
+                            wave = plan_first_wave(_server_plans(job, servers), servers.route, options,
+                                                   first.texts, chunk_size)
+                    if wave is not None and first is not None:
+                        _start_wave(wave, first, lambda: early, servers, options, job)
                     early = start_senders(plans(servers, None), actors)
                     if first is not None:
-                        first.send(early, MIN_HEAD_START_TEXTS)
-                    senders_wait()
+                        first.send(early, MIN_HEAD_START_TEXTS, wave.keys if wave is not None else ())
 
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
                                 before_probe=before_probe)
+                if wave is not None:
+                    wave.go(fleet.dimension)
                 clock = time.monotonic()
-                summary.timings["fleet_up_s"] = up_s + clock - met - senders_wait.seconds
+                summary.timings["fleet_up_s"] = up_s + clock - met
                 _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
@@ -280,48 +296,58 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 waited = time.monotonic() - wait_from
                 # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
                 # servers and sending the first texts).
-                summary.timings["warm_up_s"] = met - warming + senders_wait.seconds + waited
+                summary.timings["warm_up_s"] = met - warming + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
                 _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter, job,
                           interrupts, one_machine)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
+                if wave is not None:
+                    wave.stop()
                 summary.servers = stop_senders(actors)
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
 
-class _Stopwatch:
-    """Calls ``action`` when called, and keeps how long it took in ``seconds``."""
-
-    def __init__(self, action: Callable[[], object]) -> None:
-        self.action = action
-        self.seconds = 0.0
-
-    def __call__(self) -> None:
-        started = time.monotonic()
-        self.action()
-        self.seconds += time.monotonic() - started
+def _server_plans(job: JobSpec, servers: ServersMet) -> list[ServerPlan]:
+    return [ServerPlan(s.endpoint, _limits(job, s)) for s in servers.servers]
 
 
-def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None,
-                   workers: int) -> tuple[list[Any], list[Any], list[Any]]:
+def _start_wave(wave: FirstWave, first: FirstTexts, senders: Callable[[], Sequence[SenderRef]], servers: ServersMet,
+                options: EmbedOptions, job: JobSpec) -> None:
+    """Start the wave (it connects now and sends once told the vector size): each request back is told
+    to its server's sender, each chunk done to the sender its head start chunk went to. ``senders``:
+    the senders as planned before the probe (they are started while the wave connects)."""
+
+    def landed(url: str, inputs: int, sent_at: float, used: bool, error: str | None) -> None:
+        owner = next(s.actor for s in senders() if any(p.endpoint.url == url for p in s.plan.servers))
+        owner.others_landed.remote(url, inputs, sent_at, used, error)
+
+    def deposit(key: int, result: EmbedResult) -> None:
+        senders()[first.sender_of(key)].actor.deposit.remote(key, result)
+
+    wave.start(options=options, request_timeout=job.client.request_timeout, model_id=servers.model_id,
+               api_key_env=job.servers.api_key_env, landed=landed, deposit=deposit)
+
+
+def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None, workers: int) -> tuple[list[Any], list[Any]]:
     """Start the senders' processes (they connect to ``servers``) and ready ``workers`` shard workers.
 
-    Returns the sender actors, what says they are up and connected, and what says the workers are ready.
+    Returns the sender actors, and what says the workers are ready.
 
-    Started before the servers are met, so that from their first embedding on they wait for no
-    process start-up: an actor's process takes a third of a second or more to start, and a worker's
-    first task as long before it runs (Ray loads the function and its modules). The senders are
-    waited for before the servers' first embedding (the probe), so that the first texts
-    (``pipeline/head_start.py``) follow it at once; the warm-up tasks before the first shard task,
-    so that their workers are free again for it. A sender that fails to start is found by the first
-    chunk sent to it.
+    Started before the servers are met: an actor's process takes 0.4-0.5 s to start, and a worker's
+    first task as long before it runs (Ray loads the function and its modules). Nothing waits for
+    the senders: the driver sends the first requests itself (``pipeline/first_wave.py``) and the
+    first texts wait in the senders' queues. The warm-up tasks are waited for before the first
+    shard task, so that their workers are free again for it. A sender that fails to start is found
+    by the first chunk sent to it.
     """
     actors = launch_senders(split_servers(servers), api_key_env)
+    for actor in actors:
+        actor.warm.remote()
     warm = _as_shard_work(warm_worker)
-    return actors, [actor.warm.remote() for actor in actors], [warm.remote() for _ in range(workers)]
+    return actors, [warm.remote() for _ in range(workers)]
 
 
 def _wait_warm_up(refs: list[Any]) -> None:

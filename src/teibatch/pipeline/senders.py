@@ -20,22 +20,29 @@ last shard of a run included, and a task that is reading or writing holds none o
   names the shards still running when it has started the last task (:meth:`SenderActor.last_streams`),
   and each shard says when it has sent its last chunk (:meth:`SenderActor.stream_done`; the driver
   says it for a task that ended without doing so).
+* The run's first requests are sent by the driver itself (``pipeline/first_wave.py``) while the
+  senders' processes start. A plan says how many inputs the driver may have in flight at each
+  server (``SenderPlan.held``): they count against the sender's window until the driver says each
+  of its requests is back (:meth:`SenderActor.others_landed`), and the chunks of those texts wait
+  in the sender for the driver's vectors (:meth:`SenderActor.deposit`), the sender embedding only
+  what the driver did not get.
 * A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
   chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
   leaves nothing counted anywhere: in-flight counts live only inside the sender that sends. A
-  restarted sender does not know which shards are done, and never copies requests.
+  restarted sender does not know which shards are done, and never copies requests; like the
+  requests its predecessor left in the servers' queues, the driver's first wave is no longer
+  counted in it (it takes no hold and waits for no vectors from the driver).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import math
-import ssl
+import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
@@ -59,6 +66,8 @@ from teibatch.tei import (
     Server,
     TeiClient,
     embed_texts,
+    tls_context,
+    tls_settings,
 )
 from teibatch.tei.work import Failure
 
@@ -77,6 +86,10 @@ WAIT_SLICE_S = 5.0
 # and how long it waits for one.
 CONNECTIONS_AHEAD = 16
 CONNECT_TIMEOUT_S = 5.0
+# How long a chunk of the driver's first wave waits for the driver's vectors, in request timeouts (plus
+# a margin): the driver's requests have timed out by then, and the sender embeds the chunk itself.
+WAVE_WAIT_TIMEOUTS = 2
+WAVE_WAIT_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,9 @@ class SenderPlan:
     ``dimension`` is ``None`` until the servers' probe has shown it: a sender given such a plan
     connects to its servers, and the chunks sent with it (the driver's head start) wait in the
     sender until it has the probed plan.
+
+    ``held``: per server, in order, the inputs the driver's first wave may have in flight there
+    (``pipeline/first_wave.py``); empty when there is none.
     """
 
     servers: tuple[ServerPlan, ...]
@@ -104,6 +120,7 @@ class SenderPlan:
     api_key_env: str | None = None
     request_timeout: float = 60.0
     max_retries: int = 6
+    held: tuple[int, ...] = ()
 
     @property
     def budget(self) -> int:
@@ -123,9 +140,14 @@ def sender_count(servers: int) -> int:
 
 def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int | None,
                  model_id: str | None, api_key_env: str | None, request_timeout: float,
-                 max_retries: int) -> list[SenderPlan]:
-    """One plan per sender, with its share of ``servers`` (:func:`split_servers`)."""
-    return [SenderPlan(tuple(own), route, embed, dimension, model_id, api_key_env, request_timeout, max_retries)
+                 max_retries: int, held: Mapping[str, int] | None = None) -> list[SenderPlan]:
+    """One plan per sender, with its share of ``servers`` (:func:`split_servers`).
+
+    ``held``: per server URL, the inputs the driver's first wave may have in flight there.
+    """
+    held = held or {}
+    return [SenderPlan(tuple(own), route, embed, dimension, model_id, api_key_env, request_timeout, max_retries,
+                       tuple(held.get(p.endpoint.url, 0) for p in own) if held else ())
             for own in split_servers(servers)]
 
 
@@ -176,7 +198,7 @@ class ServerClients:
     def get(self, url: str) -> httpx.AsyncClient:
         """The client of the server at ``url``."""
         if url not in self._clients:
-            self._clients[url] = httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(
+            self._clients[url] = httpx.AsyncClient(verify=tls_settings(url), limits=httpx.Limits(
                 max_connections=None, max_keepalive_connections=None))
         return self._clients[url]
 
@@ -210,11 +232,13 @@ class SenderCore:
     Plain Python so that it can be tested without Ray; :class:`SenderActor` hosts it in Ray.
     """
 
-    def __init__(self, plan: SenderPlan, streams: Streams | None = None, clients: ServerClients | None = None) -> None:
+    def __init__(self, plan: SenderPlan, streams: Streams | None = None, clients: ServerClients | None = None, *,
+                 takes_holds: bool = True) -> None:
         self.plan = plan
         self.dimension = plan.dimension  # None until the servers' probe (see :meth:`probed`)
         self.streams = streams or Streams()
         self.clients = clients or ServerClients()
+        self.takes_holds = takes_holds  # False in a restarted sender (see the module's docstring)
         self._pool: EndpointPool | None = None
         self._packer: RequestPacker | None = None
         self._admission: OldestFirst | None = None
@@ -229,6 +253,9 @@ class SenderCore:
                                         expected_dimension=self.dimension, normalized=plan.embed.normalize), p.limits)
                        for p in plan.servers]
             self._pool = EndpointPool(servers)
+            if self.takes_holds:
+                for server, held in zip(servers, plan.held, strict=False):
+                    self._pool.hold(server, held)
             self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
                                          payload_limit=self._pool.payload_limit)
             self._pool.probe_request = self._packer.probe()
@@ -266,6 +293,24 @@ class SenderCore:
             crashpoint("sender-chunk")
             return await embed_texts(pool, packer, texts, dimension=self.dimension,
                                      max_retries=self.plan.max_retries)
+
+    async def embed_rest(self, texts: list[str], done: EmbedResult, priority: float = 0.0) -> EmbedResult:
+        """``done`` (the driver's vectors for some of ``texts``), completed: the other texts embedded here."""
+        missing = np.flatnonzero(~done.ok)
+        if not len(missing):
+            return done
+        rest = await self.embed([texts[i] for i in missing], priority)
+        vectors, ok, truncated = done.vectors.copy(), done.ok.copy(), done.truncated.copy()
+        vectors[missing], ok[missing], truncated[missing] = rest.vectors, rest.ok, rest.truncated
+        failures = [Failure(int(missing[f.position]), f.reason, f.detail) for f in rest.failures]
+        return EmbedResult(vectors, ok, failures, truncated)
+
+    def others_landed(self, url: str, inputs: int, *, sent_at: float, used: bool, error: str | None) -> None:
+        """A request of the driver's first wave to ``url`` is back (see :meth:`EndpointPool.others_landed`)."""
+        pool, _, _ = self._start()
+        for server in pool.servers:
+            if server.url == url:
+                pool.others_landed(server, inputs, sent_at=sent_at, used=used, error=error)
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per server: requests, inputs, retries, errors, max in flight, busy share (see ``ServerStats``)."""
@@ -309,7 +354,12 @@ class SenderActor:
         self.core: SenderCore | None = None
         self.streams = Streams()
         self.clients = ServerClients()
+        self._https = any(server.url.startswith("https:") for server in servers)
         self._probed = asyncio.Event()
+        # The driver's first wave: its vectors per chunk, and its requests back before this sender had a plan.
+        self.restarted = _restarted()
+        self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
+        self._landed_early: list[tuple[str, int, float, bool, str | None]] = []
         self._connecting: asyncio.Task[None] | None = None
         if servers:
             with contextlib.suppress(RuntimeError):  # no event loop: built outside Ray, connects when called
@@ -317,13 +367,14 @@ class SenderActor:
                     self.clients.open(servers, CONNECTIONS_AHEAD, api_key_env))
 
     async def warm(self) -> None:
-        """Finish the one-time set-up before the servers' probe: :func:`tls_context`, the connections.
+        """Finish the one-time set-up: :func:`~teibatch.tei.client.tls_context` (for HTTPS), the connections.
 
         Also moves every object alive now (Ray's, the imported modules', the connections') out of
         the garbage collector's sight: a full collection scanned them all, a 50-70 ms pause in which
         no answer became a new request.
         """
-        tls_context()
+        if self._https:
+            tls_context()
         if self._connecting is not None:
             await self._connecting
         gc.freeze()
@@ -332,11 +383,45 @@ class SenderActor:
         """Take ``plan`` and connect to its servers (once), while the servers are probed or the first tasks start."""
         await self._core(plan).connect()
 
-    async def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
+    async def embed(self, texts: list[str], priority: float, plan: SenderPlan, wave: int | None = None) -> EmbedResult:
+        """Vectors for ``texts``.
+
+        ``wave``: the driver sends these texts itself (``pipeline/first_wave.py``); this sender takes
+        its vectors and embeds only the texts it did not get.
+        """
         core = self._core(plan)
         if core.dimension is None:
             await self._probed.wait()
+        if wave is not None and not self.restarted:
+            done = await self._deposit(wave, plan)
+            if done is not None:
+                return await core.embed_rest(texts, done, priority)
         return await core.embed(texts, priority)
+
+    async def deposit(self, wave: int, result: EmbedResult) -> None:
+        """The driver's vectors for the chunk sent with ``wave`` (``ok`` marks the texts it got)."""
+        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+        if not future.done():
+            future.set_result(result)
+
+    async def others_landed(self, url: str, inputs: int, sent_at: float, used: bool, error: str | None = None) -> None:
+        """A request of the driver's first wave to ``url`` is back: its inputs are this sender's to use."""
+        if self.restarted:
+            return
+        if self.core is None:
+            self._landed_early.append((url, inputs, sent_at, used, error))
+            return
+        self.core.others_landed(url, inputs, sent_at=sent_at, used=used, error=error)
+
+    async def _deposit(self, wave: int, plan: SenderPlan) -> EmbedResult | None:
+        """The driver's vectors for chunk ``wave``; None if they do not come in time (its requests timed out)."""
+        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(future, WAVE_WAIT_TIMEOUTS * plan.request_timeout + WAVE_WAIT_MARGIN_S)
+        except TimeoutError:
+            return None
+        finally:
+            self._deposits.pop(wave, None)
 
     async def stream_done(self, stream: str) -> None:
         """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
@@ -348,7 +433,10 @@ class SenderActor:
 
     def _core(self, plan: SenderPlan) -> SenderCore:
         if self.core is None:
-            self.core = SenderCore(plan, self.streams, self.clients)
+            self.core = SenderCore(plan, self.streams, self.clients, takes_holds=not self.restarted)
+            for url, inputs, sent_at, used, error in self._landed_early:
+                self.core.others_landed(url, inputs, sent_at=sent_at, used=used, error=error)
+            self._landed_early.clear()
         if plan.dimension is not None:
             self.core.probed(plan.dimension)
             self._probed.set()
@@ -365,14 +453,16 @@ class SenderActor:
             await self.core.close()
 
 
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """The TLS settings of every sender client (httpx's defaults), built once per process.
-
-    Building them reads the CA bundle: 20-50 ms of CPU that a client built without them spends when
-    the first chunk is already waiting and the servers are idle.
-    """
-    return httpx.create_ssl_context()
+def _restarted() -> bool:
+    """Whether this is a Ray actor that Ray restarted (False outside Ray)."""
+    if not ray.is_initialized():
+        return False  # tests build senders directly
+    with warnings.catch_warnings():  # Ray's own property reads a deprecated one
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        except Exception:  # not an actor
+            return False
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The TEI client: limits from ``/info``, request packing, typed errors, retries, a pool of servers."""
 
-from teibatch.tei.client import EmbedRequest, TeiClient, error_from_response
+from teibatch.tei.client import EmbedRequest, TeiClient, error_from_response, tls_context, tls_settings
 from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
 from teibatch.tei.embedder import EmbedResult, embed_texts
 from teibatch.tei.info import ClientLimits, ServerInfo
@@ -37,4 +37,6 @@ __all__ = [
     "decode_vectors",
     "embed_texts",
     "error_from_response",
+    "tls_context",
+    "tls_settings",
 ]

@@ -17,6 +17,8 @@ not in a message, a ``repr`` or a log line.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from dataclasses import dataclass
 
 import anyio
@@ -53,6 +55,21 @@ CHARS_PER_TOKEN = 4
 
 _PATHS = {ROUTE_EMBED: "/embed", ROUTE_OPENAI_BASE64: "/v1/embeddings"}
 _JSON_HEADERS = {"content-type": "application/json"}
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS settings, built once per process (reading the CA bundle: 20-50 ms of CPU)."""
+    return httpx.create_ssl_context()
+
+
+def tls_settings(*urls: str) -> ssl.SSLContext | bool:
+    """The ``verify`` setting of an httpx client for ``urls``: :func:`tls_context` if one is HTTPS.
+
+    Plain HTTP needs none, and building them costs CPU exactly when a run starts and every
+    millisecond of the driver's and the senders' CPU delays the servers' first batch.
+    """
+    return tls_context() if any(url.startswith("https:") for url in urls) else False
 
 
 @dataclass(frozen=True)

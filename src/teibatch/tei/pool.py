@@ -88,6 +88,9 @@ class Server:
                                         latency_factor=latency_factor)
         self.in_flight = 0
         self.requests_in_flight = 0
+        # Inputs another client (the driver's first wave, ``pipeline/first_wave.py``) may still have in
+        # flight here: they count against the window until that client says they landed.
+        self.held = 0
         self.healthy = True
         self.failures = 0
         self.last_error: TeiError | None = None
@@ -97,7 +100,8 @@ class Server:
         self._counted_at: float | None = None
 
     def __repr__(self) -> str:
-        return f"Server({self.url!r}, in_flight={self.in_flight}, {self.window!r}, healthy={self.healthy})"
+        return (f"Server({self.url!r}, in_flight={self.in_flight}, held={self.held}, {self.window!r}, "
+                f"healthy={self.healthy})")
 
     @property
     def url(self) -> str:
@@ -110,8 +114,8 @@ class Server:
 
     @property
     def free(self) -> int:
-        """Inputs that may be sent now under the window."""
-        return self.window.limit - self.in_flight
+        """Inputs that may be sent now under the window (less what another client still holds)."""
+        return self.window.limit - self.in_flight - self.held
 
     @property
     def batch_limit(self) -> int:
@@ -206,7 +210,7 @@ class EndpointPool:
             server.stats.first_sent = now
         server.in_flight += count
         server.requests_in_flight += 1
-        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight)
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight + server.held)
 
     def release(self, server: Server, count: int) -> None:
         """``count`` inputs came back from ``server``: its room is free for every caller of the pool."""
@@ -217,14 +221,51 @@ class EndpointPool:
         server.stats.last_answer = now
         self.wake()
 
+    def hold(self, server: Server, inputs: int) -> None:
+        """Another client has up to ``inputs`` inputs in flight to ``server`` from now on (see :attr:`Server.held`)."""
+        now = time.monotonic()
+        self._count_inputs(server, now)
+        if inputs > 0 and server.stats.first_sent is None:
+            server.stats.first_sent = now
+        server.held = max(0, inputs)
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight + server.held)
+
+    def others_landed(self, server: Server, inputs: int, *, sent_at: float, used: bool, error: str | None) -> None:
+        """A request of ``inputs`` inputs that another client sent to ``server`` at ``sent_at`` is back.
+
+        Its inputs leave :attr:`Server.held`, so every caller of the pool may use them; the request
+        counts in the server's stats like one of the pool's own (``used``: its answer gave vectors
+        that were kept; ``error``: why it failed). ``sent_at`` is on this machine's monotonic clock:
+        time the other client was busy there before this pool knew of it counts as busy.
+        """
+        now = time.monotonic()
+        self._count_inputs(server, now)
+        stats = server.stats
+        if stats.first_sent is not None and sent_at < stats.first_sent:
+            stats.busy_seconds += stats.first_sent - sent_at
+            stats.input_seconds += max(server.held, inputs) * (stats.first_sent - sent_at)
+        stats.first_sent = sent_at if stats.first_sent is None else min(stats.first_sent, sent_at)
+        stats.last_answer = now if stats.last_answer is None else max(stats.last_answer, now)
+        server.held = max(0, server.held - inputs)
+        if used:
+            stats.requests += 1
+            stats.inputs += inputs
+            stats.seconds += max(0.0, now - sent_at)
+        if error is not None:
+            stats.count_error(error)
+        self.wake()
+
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
         """Add the time since the last change to the busy time (if a request was out) and to the inputs
-        in flight times time (for the mean in flight), up to every change: exact whenever stats are read."""
+        in flight times time (for the mean in flight), up to every change: exact whenever stats are read.
+
+        Inputs another client holds there (:attr:`Server.held`) count as in flight.
+        """
         if server._counted_at is not None:
             elapsed = now - server._counted_at
-            server.stats.input_seconds += server.in_flight * elapsed
-            if server.requests_in_flight:
+            server.stats.input_seconds += (server.in_flight + server.held) * elapsed
+            if server.requests_in_flight or server.held:
                 server.stats.busy_seconds += elapsed
         server._counted_at = now
 
