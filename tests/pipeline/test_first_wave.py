@@ -7,6 +7,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -48,19 +49,14 @@ def texts(count: int, prefix: str = "text") -> list[str]:
     return [f"{prefix} {i} of the first shard" for i in range(count)]
 
 
-def test_the_wave_takes_whole_chunks_within_every_servers_budget() -> None:
+def test_the_wave_packs_the_first_texts_chunk_by_chunk_and_holds_each_servers_budget() -> None:
     plans = server_plans(["http://127.0.0.1:9", "http://127.0.0.1:10"], batch=4, inflight=10)
     wave = plan_first_wave(plans, "embed", EmbedOptions(), texts(100), chunk_size=8)
     assert wave is not None
-    # 20 inputs of budget: two chunks of 8; each server takes at most 10 inputs and 10 // 4 + 1 requests.
-    assert len(wave.chunks) == 2 and wave.keys == (0, 8)
-    per_server: Counter[int] = Counter()
-    for request in wave.requests:
-        assert request.request.count <= 4
-        per_server[request.server] += request.request.count
-    assert max(per_server.values()) <= 10
-    assert sum(wave.held.values()) == sum(per_server.values()) == 16
-    assert wave.held == {p.endpoint.url: per_server[i] for i, p in enumerate(plans)}
+    assert len(wave.chunks) == 13 and wave.keys[:3] == (0, 8, 16) and len(wave.chunks[-1]) == 4
+    assert [len(r.positions) for r in wave.requests] == [4] * 25
+    assert [r.chunk for r in wave.requests[:4]] == [0, 0, 1, 1]  # requests never cross a chunk
+    assert wave.held == {p.endpoint.url: 10 for p in plans}  # until it gives them back
 
 
 def test_the_wave_leaves_to_the_senders_what_does_not_fit() -> None:
@@ -69,9 +65,8 @@ def test_the_wave_leaves_to_the_senders_what_does_not_fit() -> None:
     wave = plan_first_wave(plans, "embed", EmbedOptions(truncate=False), first, chunk_size=8)
     assert wave is not None
     # The empty text and the one over the length limit are the senders' to reject; the other six go in a
-    # request of four and one of two (the server takes 6 inputs in 2 requests).
+    # request of four and one of two.
     assert [r.positions for r in wave.requests] == [(2, 3, 4, 5), (6, 7)]
-    assert wave.held == {plans[0].endpoint.url: 6}
     assert plan_first_wave(plans, "embed", EmbedOptions(truncate=False), first[:1], chunk_size=8) is None
 
 
@@ -82,62 +77,80 @@ def test_no_wave_without_texts() -> None:
 class Landings:
     """What the wave reports, handed over to the event loop that runs the sender, as the driver's Ray calls would."""
 
-    def __init__(self, core: SenderCore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: SenderCore | None, loop: asyncio.AbstractEventLoop | None, chunks: int) -> None:
         self.core, self.loop = core, loop
-        self.calls: list[tuple[str, int, bool, str | None]] = []
+        self.calls: list[tuple[str, int, int, dict[str, int]]] = []
+        self.released: Counter[str] = Counter()
         self.deposits: dict[int, EmbedResult] = {}
         self.all_deposited = threading.Event()
-        self.expected = 0
+        self.chunks = chunks
 
-    def landed(self, url: str, inputs: int, sent_at: float, used: bool, error: str | None) -> None:
-        self.calls.append((url, inputs, used, error))
-        self.loop.call_soon_threadsafe(lambda: self.core.others_landed(url, inputs, sent_at=sent_at, used=used,
-                                                                       error=error))
+    def start(self, wave: FirstWave) -> None:
+        wave.start(options=EmbedOptions(), request_timeout=30, model_id=None, api_key_env=None, landed=self.landed,
+                   released=self.release, deposit=self.deposit)
+
+    def landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
+               errors: dict[str, int]) -> None:
+        self.calls.append((url, requests, inputs, errors))
+        self._to_sender(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
+
+    def release(self, url: str, inputs: int) -> None:
+        self.released[url] += inputs
+        self._to_sender(lambda core: core.others_released(url, inputs))
 
     def deposit(self, key: int, result: EmbedResult) -> None:
         self.deposits[key] = result
-        if len(self.deposits) == self.expected:
+        if len(self.deposits) == self.chunks:
             self.all_deposited.set()
+
+    def _to_sender(self, news: Callable[[SenderCore], None]) -> None:
+        if self.core is not None and self.loop is not None:
+            core = self.core
+            self.loop.call_soon_threadsafe(lambda: news(core))
 
 
 @pytest.mark.timeout(60)
-def test_wave_and_sender_together_never_exceed_the_budget_and_every_text_is_embedded_once() -> None:
+@pytest.mark.parametrize("senders_running", [False, True])
+def test_wave_and_sender_together_never_exceed_the_budget_and_every_text_is_embedded_once(
+        senders_running: bool) -> None:
+    # Not running: the driver keeps the budget full until it has sent all its texts. Running from the start:
+    # the driver sends nothing, gives the whole budget back, and the sender embeds every text itself.
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, simulate_gpu=20_000,
                         record_texts=True) as url:
         plans = server_plans([url])
         first = texts(64)
         wave = plan_first_wave(plans, "embed", EmbedOptions(), first, chunk_size=32)
-        assert wave is not None and wave.held == {url: 8}  # the whole budget, in two requests
+        assert wave is not None and wave.held == {url: 8}
         core = SenderCore(sender_plan(plans, wave))
 
-        async def run() -> tuple[EmbedResult, EmbedResult, Landings]:
-            landings = Landings(core, asyncio.get_running_loop())
-            landings.expected = len(wave.chunks)
+        async def run() -> tuple[EmbedResult, list[EmbedResult], Landings]:
+            landings = Landings(core, asyncio.get_running_loop(), len(wave.chunks))
             try:
-                wave.start(options=EmbedOptions(), request_timeout=30, model_id=None,
-                           api_key_env=None, landed=landings.landed, deposit=landings.deposit)
+                wave.watch(lambda: senders_running)
+                landings.start(wave)
                 wave.go(384)
-                # The sender sends its own texts at once: it has room only as the wave's requests land.
+                # The sender sends its own texts at once: it has room only as the driver gives it back.
                 own = asyncio.ensure_future(core.embed(texts(40, "own")))
-                await asyncio.to_thread(landings.all_deposited.wait, WAIT_S)
-                rest = await core.embed_rest(first[:32], landings.deposits[0])
-                return await own, rest, landings
+                assert await asyncio.to_thread(landings.all_deposited.wait, WAIT_S)
+                chunks = [await core.embed_rest(list(wave.chunks[i]), landings.deposits[key])
+                          for i, key in enumerate(wave.keys)]
+                return await own, chunks, landings
             finally:
                 wave.stop()
                 await core.close()
 
-        own, rest, landings = asyncio.run(run())
+        own, chunks, landings = asyncio.run(run())
         server = httpx.get(f"{url}/teibatch/stats", timeout=10).json()
-    assert own.ok.all() and rest.ok.all()
-    np.testing.assert_allclose(rest.vectors, HashingEmbedder(384).embed(first[:32]), atol=1e-6)
+    assert own.ok.all() and all(chunk.ok.all() for chunk in chunks)
+    np.testing.assert_allclose(np.vstack([c.vectors for c in chunks]), HashingEmbedder(384).embed(first), atol=1e-6)
     assert server["violations"] == ZERO_VIOLATIONS and server["max_inflight_inputs"] <= 8
-    # The wave sent its 8 texts once; the sender sent the other 24 of chunk 0 and its own 40; nothing twice.
-    assert Counter(server["texts"]) == Counter(text_digest(t) for t in [*first[:32], *texts(40, "own")])
-    assert [(inputs, used) for _, inputs, used, _ in landings.calls] == [(4, True), (4, True)]
+    assert Counter(server["texts"]) == Counter(text_digest(t) for t in [*first, *texts(40, "own")])  # once each
+    assert landings.released == {url: 8}  # the whole budget came back
+    assert landings.calls == ([] if senders_running else [(url, 16, 64, {})])  # told once, all of it back
     report = core.stats()[url]
-    assert report["requests"] == 2 + 6 + 10 and report["inputs"] == 72
+    assert report["requests"] == 16 + 10 and report["inputs"] == 104
     assert report["max_in_flight"] <= 8
-    assert core._start()[0].servers[0].held == 0  # the whole budget is the sender's again
+    assert core._start()[0].servers[0].held == 0
 
 
 @pytest.mark.timeout(60)
@@ -145,22 +158,15 @@ def test_requests_the_server_refuses_are_left_to_the_senders() -> None:
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, fault_rate_503=1.0) as url:
         wave = plan_first_wave(server_plans([url]), "embed", EmbedOptions(), texts(32), chunk_size=32)
         assert wave is not None
-        calls: list[tuple[int, bool, str | None]] = []
-        deposits: dict[int, EmbedResult] = {}
-        done = threading.Event()
-
-        def deposit(key: int, result: EmbedResult) -> None:
-            deposits[key] = result
-            done.set()
-
-        wave.start(options=EmbedOptions(), request_timeout=30, model_id=None, api_key_env=None,
-                   landed=lambda url, inputs, sent_at, used, error: calls.append((inputs, used, error)),
-                   deposit=deposit)
+        landings = Landings(None, None, chunks=1)
+        landings.start(wave)
         wave.go(384)
-        assert done.wait(WAIT_S)
+        assert landings.all_deposited.wait(WAIT_S)
         wave.stop()
-    assert calls == [(4, False, "TeiUnavailable"), (4, False, "TeiUnavailable")]
-    assert list(deposits) == [0] and not deposits[0].ok.any()  # every text of the chunk is the sender's to embed
+    # Each request sent once, none retried by the driver; the budget given back; every text the sender's.
+    assert landings.calls == [(url, 0, 0, {"TeiUnavailable": 8})]
+    assert landings.released == {url: 8}
+    assert list(landings.deposits) == [0] and not landings.deposits[0].ok.any()
 
 
 @pytest.mark.timeout(60)

@@ -1,25 +1,27 @@
-"""The first wave: the driver sends the run's first requests itself, while the senders' processes start.
+"""The first wave: the driver sends the run's first requests itself, until the senders are running.
 
 A sender is a Ray actor: its process takes 0.4-0.5 s to start (Ray's worker, importing numpy and
 httpx, Ray readying the actor) and the servers would wait for it. The driver has everything
-loaded, and has just met the servers: right after the probe it sends the first texts of the head
-start (``pipeline/head_start.py``) itself, one full window per server, from a thread of its own,
-while the senders start. The servers are busy from the probe on.
+loaded, and has just met the servers: right after the probe it sends the head start's first texts
+(``pipeline/head_start.py``) itself, from a thread of its own, keeping each server's whole
+in-flight budget busy — a request back is followed by the next — until the senders say they are
+running. The servers are busy from the probe on.
 
-The budget is never shared twice. The wave is planned before the senders get their plans: which
-texts go in which request, and which request to which server, each server getting at most its
-in-flight budget in inputs and in requests. Each sender's plan says how many inputs the wave
-holds at each of its servers (``SenderPlan.held``); they count against the sender's window until
-the driver says the request is back (``SenderActor.others_landed``), so that the driver's inputs
-in flight plus the sender's never exceed the server's ``max_concurrent_requests``. The driver
-sends each of its requests once, and never more than planned: what fails (a 429, a dropped
-answer, a text too long) is left to the senders, which embed whatever the driver did not get.
+The budget is never shared twice. Each sender's plan says how many inputs the driver may have in
+flight at each of its servers (``SenderPlan.held``: the server's whole budget); they count against
+the sender's window until the driver gives them back (``SenderActor.others_released``). Once the
+senders are running (or the driver has sent every text it has), the driver sends nothing more: it
+gives back at once what it does not use, and each request's inputs as it comes back. So the
+driver's inputs in flight plus the sender's never exceed the server's ``max_concurrent_requests``.
+The driver sends each text at most once: what fails (a 429, a dropped answer, a text too long) or
+was not sent when it stopped is left to the senders, which embed whatever the driver did not get.
+Each request back is counted in its server's sender's report (``SenderActor.others_landed``).
 
 The vectors reach the shard task the way the head start's always did: the chunks of the wave's
 texts are sent to the senders as ordinary head start chunks, marked with their wave key; the
-sender waits for the driver's vectors for that chunk (``SenderActor.deposit``), embeds the texts
-the driver did not get, and answers the chunk. A restarted sender waits for nothing from the
-driver and embeds such a chunk itself.
+sender waits for the driver's vectors for that chunk (``SenderActor.deposit``, sent as soon as
+nothing more of the chunk will come back), embeds the texts the driver did not get, and answers
+the chunk. A restarted sender waits for nothing from the driver and embeds such a chunk itself.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,73 +51,105 @@ CONNECTIONS_AHEAD = 4
 # run stopped early).
 STOP_TIMEOUT_S = 5.0
 
-Landed = Callable[[str, int, float, bool, "str | None"], None]
-"""Called as each request is back: server URL, inputs, when it was sent (monotonic), whether its
-vectors were kept, the name of its error (or None)."""
+Landed = Callable[[str, int, int, float, float, dict[str, int]], None]
+"""Called once per server, when every request is back: server URL, requests answered, inputs in them,
+their summed latency, when the first was sent (monotonic), failed requests by error."""
+Released = Callable[[str, int], None]
+"""Called when the driver gives back inputs of a server's budget: server URL, inputs."""
 Deposit = Callable[[int, EmbedResult], None]
 """Called as each chunk is done: the chunk's wave key (its first text's position) and its vectors."""
 
 
 @dataclass(frozen=True)
 class WaveRequest:
-    """One request of the wave: the texts at ``positions`` of chunk ``chunk``, to server ``server``."""
+    """One request of the wave: the texts at ``positions`` of chunk ``chunk``."""
 
-    server: int
     chunk: int
     positions: tuple[int, ...]
     request: EmbedRequest
 
 
 @dataclass
-class FirstWave:
-    """The driver's first requests: planned from the first texts, then sent once from a thread of their own.
+class _Budget:
+    """What the driver holds at one server, what it has out there, and what came back."""
 
-    ``chunks``: the texts of each chunk it covers (chunk ``i`` starts at text ``i * chunk_size``);
-    ``held``: per server URL, the inputs it may have in flight there.
+    held: int
+    max_requests: int
+    in_flight: int = 0
+    requests: int = 0
+    answered: int = 0
+    inputs: int = 0
+    seconds: float = 0.0
+    first_sent: float | None = None
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def takes(self, count: int) -> bool:
+        return self.in_flight + count <= self.held and self.requests < self.max_requests
+
+
+@dataclass
+class FirstWave:
+    """The driver's first requests: planned from the first texts, sent from a thread of their own.
+
+    ``chunks``: the texts of each chunk it covers (chunk ``i`` starts at text ``i * chunk_size``).
     """
 
     servers: tuple[ServerPlan, ...]
     chunk_size: int
     chunks: tuple[tuple[str, ...], ...]
     requests: tuple[WaveRequest, ...]
-    held: dict[str, int]
     _thread: threading.Thread | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _dimension: int | None = field(default=None, repr=False)
     _go: asyncio.Event | None = field(default=None, repr=False)
+    _senders_running: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def keys(self) -> tuple[int, ...]:
         """The wave key of each chunk it covers: the chunk's first text's position."""
         return tuple(i * self.chunk_size for i in range(len(self.chunks)))
 
+    @property
+    def held(self) -> dict[str, int]:
+        """Per server URL, the inputs the driver may have in flight there: its whole budget."""
+        return {p.endpoint.url: p.limits.max_inflight_inputs for p in self.servers}
+
     def start(self, *, options: EmbedOptions, request_timeout: float, model_id: str | None,
-              api_key_env: str | None, landed: Landed, deposit: Deposit) -> None:
-        """Open the connections of the first requests, from a thread, and send every request once :meth:`go` is called.
+              api_key_env: str | None, landed: Landed, released: Released, deposit: Deposit) -> None:
+        """Open the connections of the first requests, from a thread, and send the requests once :meth:`go` is called.
 
         Opening a connection costs a millisecond or two of CPU; opened as the requests go, all of
         them are opened before the first request is written, and the servers wait that long. Those
         of the first requests, opened while the servers are met and probed, are ready when the
-        probe's answer comes; the others are opened while the first batches run. ``landed`` and
-        ``deposit`` are called from the thread.
+        probe's answer comes; the others are opened while the first batches run. The callbacks are
+        called from the thread.
         """
 
         def run() -> None:
             try:
-                asyncio.run(self._send_all(options, request_timeout, model_id, api_key_env, landed, deposit))
-            except Exception:  # every chunk was deposited in _send_all's finally; the senders do the rest
+                asyncio.run(self._send_all(options, request_timeout, model_id, api_key_env, landed, released,
+                                           deposit))
+            except Exception:  # every chunk was deposited and every input given back in _send's finally
                 log.exception("the driver's first requests stopped early")
 
         self._thread = threading.Thread(target=run, name="teibatch-first-wave", daemon=True)
         self._thread.start()
 
     def go(self, dimension: int) -> None:
-        """The servers' probe showed their vector size: send the requests now (as soon as they are connected)."""
+        """The servers' probe showed their vector size: send now (as soon as the first connections are open)."""
         self._dimension = dimension
         loop, go = self._loop, self._go  # not there yet: the thread sees the dimension once it has connected
         if loop is not None and go is not None:
             with contextlib.suppress(RuntimeError):  # the thread ended meanwhile
                 loop.call_soon_threadsafe(go.set)
+
+    def watch(self, senders_running: Callable[[], bool]) -> None:
+        """Send nothing more once ``senders_running()`` says so (called from the wave's thread: it must not block)."""
+        self._senders_running = senders_running
+
+    def senders_running(self) -> bool:
+        """Whether the senders said they are running (see :meth:`watch`)."""
+        return self._senders_running()
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Wait for the thread (at most ``timeout``); requests not sent or still out then are cancelled."""
@@ -131,7 +165,7 @@ class FirstWave:
             self._thread.join(STOP_TIMEOUT_S)
 
     async def _send_all(self, options: EmbedOptions, request_timeout: float, model_id: str | None,
-                        api_key_env: str | None, landed: Landed, deposit: Deposit) -> None:
+                        api_key_env: str | None, landed: Landed, released: Released, deposit: Deposit) -> None:
         self._go = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         http = [_http_client(plan.endpoint.url) for plan in self.servers]
@@ -145,65 +179,139 @@ class FirstWave:
             if self._dimension is not None:
                 for client in clients:
                     client.expected_dimension = self._dimension
-                await self._send(clients, self._dimension, landed, deposit)
+                await _Sending(self, clients, self._dimension, landed, released, deposit).run()
         finally:
             for http_client in http:
                 await http_client.aclose()
 
     async def _open(self, clients: Sequence[TeiClient]) -> None:
-        """The connections of each server's first :data:`CONNECTIONS_AHEAD` requests (``/info``, which TEI
-        answers without queueing it behind a batch).
-
-        Best effort: a connection that fails to open is opened by its request (or fails it).
-        """
-        per_server = Counter(r.server for r in self.requests)
-        await asyncio.gather(*(client.info(timeout=CONNECT_TIMEOUT_S) for index, client in enumerate(clients)
-                               for _ in range(min(CONNECTIONS_AHEAD, per_server[index]))),
+        """The connections of each server's first requests (``/info``, which TEI answers without
+        queueing it behind a batch). Best effort: a connection that fails to open is opened by its
+        request (or fails it)."""
+        ahead = [min(CONNECTIONS_AHEAD, p.limits.max_requests) for p in self.servers]
+        await asyncio.gather(*(client.info(timeout=CONNECT_TIMEOUT_S)
+                               for client, count in zip(clients, ahead, strict=True) for _ in range(count)),
                              return_exceptions=True)
 
-    async def _send(self, clients: Sequence[TeiClient], dimension: int, landed: Landed, deposit: Deposit) -> None:
-        vectors = [np.zeros((len(texts), dimension), dtype=np.float32) for texts in self.chunks]
-        ok = [np.zeros(len(texts), dtype=bool) for texts in self.chunks]
-        left = [0] * len(self.chunks)
-        for wave_request in self.requests:
-            left[wave_request.chunk] += 1
-        deposited: set[int] = set()
 
-        def deposit_once(chunk: int) -> None:
-            if chunk not in deposited:
-                deposited.add(chunk)
-                result = EmbedResult(vectors[chunk], ok[chunk], [], np.zeros(len(ok[chunk]), dtype=bool))
-                deposit(chunk * self.chunk_size, result)
+class _Sending:
+    """The wave's requests on their way: each server's budget kept full until the senders run, then given back."""
 
-        async def send(client: TeiClient, wave_request: WaveRequest) -> None:
-            sent_at = time.monotonic()
-            error: str | None = None
-            try:
-                got = await client.embed(wave_request.request)
-            except Exception as exc:  # the senders embed these texts: nothing is lost, nothing retried here
-                error = type(exc).__name__
-            else:
-                positions = list(wave_request.positions)
-                vectors[wave_request.chunk][positions] = got
-                ok[wave_request.chunk][positions] = True
-            landed(client.url, wave_request.request.count, sent_at, error is None, error)
-            left[wave_request.chunk] -= 1
-            if not left[wave_request.chunk]:
-                deposit_once(wave_request.chunk)
+    def __init__(self, wave: FirstWave, clients: Sequence[TeiClient], dimension: int, landed: Landed,
+                 released: Released, deposit: Deposit) -> None:
+        self.wave, self.clients = wave, clients
+        self.landed, self.released, self.deposit = landed, released, deposit
+        self.budgets = [_Budget(p.limits.max_inflight_inputs, p.limits.max_requests) for p in wave.servers]
+        self.waiting = deque(wave.requests)
+        self.vectors = [np.zeros((len(texts), dimension), dtype=np.float32) for texts in wave.chunks]
+        self.ok = [np.zeros(len(texts), dtype=bool) for texts in wave.chunks]
+        self.open_requests = [0] * len(wave.chunks)  # waiting or on their way
+        for wave_request in wave.requests:
+            self.open_requests[wave_request.chunk] += 1
+        self.sending = True
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.done = asyncio.Event()
 
+    async def run(self) -> None:
         try:
-            for chunk, count in enumerate(left):
+            for chunk, count in enumerate(self.open_requests):
                 if not count:
-                    deposit_once(chunk)  # nothing of it fitted the wave: the sender embeds it all
-            await asyncio.gather(*(send(clients[r.server], r) for r in self.requests))
+                    self._deposit(chunk)  # nothing of it could be sent: the sender embeds it all
+            self._dispatch()
+            await self.done.wait()
         finally:
-            # Whatever happened, every chunk is answered: the senders complete what is missing.
-            for chunk in range(len(self.chunks)):
-                deposit_once(chunk)
+            # Whatever happened, every input is given back and every chunk answered.
+            for task in list(self.tasks):
+                task.cancel()
+            self._stop_sending()
+            for index, budget in enumerate(self.budgets):
+                if budget.held:
+                    self._release(index, budget.held)
+            for chunk in range(len(self.wave.chunks)):
+                self._deposit(chunk)
+            for index, budget in enumerate(self.budgets):
+                if budget.first_sent is not None:
+                    self.landed(self.wave.servers[index].endpoint.url, budget.answered, budget.inputs,
+                                budget.seconds, budget.first_sent, dict(budget.errors))
+
+    def _dispatch(self) -> None:
+        """Send what the budgets take, oldest first; stop once the senders run or nothing is left."""
+        if self.sending and self.waiting and not self.wave.senders_running():
+            while self.waiting:
+                wave_request = self.waiting[0]
+                fitting = [i for i, b in enumerate(self.budgets) if b.takes(wave_request.request.count)]
+                if not fitting:
+                    return  # the next request back makes room
+                index = max(fitting, key=lambda i: self.budgets[i].held - self.budgets[i].in_flight)
+                self.waiting.popleft()
+                budget = self.budgets[index]
+                budget.in_flight += wave_request.request.count
+                budget.requests += 1
+                task = asyncio.get_running_loop().create_task(self._send(index, wave_request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        self._stop_sending()
+
+    def _stop_sending(self) -> None:
+        """Send nothing more: give back every input not in flight, leave what was not sent to the senders."""
+        if not self.sending:
+            return
+        self.sending = False
+        for wave_request in self.waiting:
+            self.open_requests[wave_request.chunk] -= 1
+        self.waiting.clear()
+        for index, budget in enumerate(self.budgets):
+            self._release(index, budget.held - budget.in_flight)
+        for chunk, count in enumerate(self.open_requests):
+            if not count:
+                self._deposit(chunk)
+        self._check_done()
+
+    async def _send(self, index: int, wave_request: WaveRequest) -> None:
+        client, budget = self.clients[index], self.budgets[index]
+        count = wave_request.request.count
+        sent_at = time.monotonic()
+        if budget.first_sent is None:
+            budget.first_sent = sent_at
+        try:
+            got = await client.embed(wave_request.request)
+        except Exception as exc:  # the senders embed these texts: nothing is lost, nothing retried here
+            budget.errors[type(exc).__name__] += 1
+        else:
+            positions = list(wave_request.positions)
+            self.vectors[wave_request.chunk][positions] = got
+            self.ok[wave_request.chunk][positions] = True
+            budget.answered += 1
+            budget.inputs += count
+            budget.seconds += time.monotonic() - sent_at
+        budget.in_flight -= count
+        budget.requests -= 1
+        if not self.sending:
+            self._release(index, count)
+        self.open_requests[wave_request.chunk] -= 1
+        if not self.open_requests[wave_request.chunk]:
+            self._deposit(wave_request.chunk)
+        self._dispatch()
+        self._check_done()
+
+    def _release(self, index: int, count: int) -> None:
+        if count > 0:
+            self.budgets[index].held -= count
+            self.released(self.wave.servers[index].endpoint.url, count)
+
+    def _deposit(self, chunk: int) -> None:
+        if self.open_requests[chunk] >= 0:
+            self.open_requests[chunk] = -1  # deposited: once only
+            result = EmbedResult(self.vectors[chunk], self.ok[chunk], [], np.zeros(len(self.ok[chunk]), dtype=bool))
+            self.deposit(chunk * self.wave.chunk_size, result)
+
+    def _check_done(self) -> None:
+        if not self.sending and not any(b.in_flight for b in self.budgets):
+            self.done.set()
 
 
 def _http_client(url: str) -> httpx.AsyncClient:
-    """A client with no cap on connections: the wave's plan bounds its requests."""
+    """A client with no cap on connections: the wave's budgets bound its requests."""
     return httpx.AsyncClient(verify=tls_settings(url), limits=httpx.Limits(max_connections=None,
                                                                            max_keepalive_connections=None))
 
@@ -215,43 +323,26 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
 
 def plan_first_wave(servers: Sequence[ServerPlan], route: str, options: EmbedOptions, texts: Sequence[str],
                     chunk_size: int) -> FirstWave | None:
-    """The wave for the first ``texts``: whole chunks, as many as the servers' budgets hold (at least one).
+    """The wave for the first ``texts``, in chunks of ``chunk_size``, packed into requests.
 
-    Requests are packed for the smallest batch and payload limits among ``servers`` and go, in order,
-    to the server with the most budget left that takes them (inputs and requests in flight); a text
-    that the senders would set aside (empty, too long, not encodable) and a request that no server
-    has room for are left to the senders. ``None`` when there is nothing to send.
+    Requests are packed for the smallest batch and payload limits among ``servers``; a text that the
+    senders would set aside (empty, too long, not encodable) is left to them. ``None`` when there is
+    nothing to send.
     """
     if not servers or not texts:
         return None
-    budget = sum(p.limits.max_inflight_inputs for p in servers)
-    count = max(1, budget // chunk_size)
-    chunks = tuple(tuple(texts[start:start + chunk_size])
-                   for start in range(0, min(len(texts), count * chunk_size), chunk_size))
+    chunks = tuple(tuple(texts[start:start + chunk_size]) for start in range(0, len(texts), chunk_size))
     packer = RequestPacker(route, options, max_batch_size=min(p.limits.max_batch_size for p in servers),
                            payload_limit=min(p.limits.payload_limit for p in servers))
     max_chars = min((p.limits.max_input_chars for p in servers if p.limits.max_input_chars is not None),
                     default=None)
-    inputs_left = [p.limits.max_inflight_inputs for p in servers]
-    requests_left = [p.limits.max_requests for p in servers]
-    requests: list[WaveRequest] = []
-    for index, chunk in enumerate(chunks):
-        sendable = [(position, text) for position, text in enumerate(chunk) if _sendable(text, packer, max_chars)]
-        for batch in packer.pack(sendable):
-            size = batch.request.count
-            fitting = [i for i in range(len(servers)) if inputs_left[i] >= size and requests_left[i] > 0]
-            if not fitting:
-                continue
-            server = max(fitting, key=lambda i: inputs_left[i])
-            inputs_left[server] -= size
-            requests_left[server] -= 1
-            requests.append(WaveRequest(server, index, batch.positions, batch.request))
+    requests = [WaveRequest(index, batch.positions, batch.request)
+                for index, chunk in enumerate(chunks)
+                for batch in packer.pack([(position, text) for position, text in enumerate(chunk)
+                                          if _sendable(text, packer, max_chars)])]
     if not requests:
         return None
-    held = {p.endpoint.url: 0 for p in servers}
-    for wave_request in requests:
-        held[servers[wave_request.server].endpoint.url] += wave_request.request.count
-    return FirstWave(tuple(servers), chunk_size, chunks, tuple(requests), held)
+    return FirstWave(tuple(servers), chunk_size, chunks, tuple(requests))
 
 
 def _sendable(text: str, packer: RequestPacker, max_chars: int | None) -> bool:

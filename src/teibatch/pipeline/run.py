@@ -288,6 +288,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
+                if wave is not None:
+                    wave.watch(_all_running(senders))
                 context = _context(job, fleet)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
@@ -320,15 +322,26 @@ def _start_wave(wave: FirstWave, first: FirstTexts, senders: Callable[[], Sequen
     to its server's sender, each chunk done to the sender its head start chunk went to. ``senders``:
     the senders as planned before the probe (they are started while the wave connects)."""
 
-    def landed(url: str, inputs: int, sent_at: float, used: bool, error: str | None) -> None:
-        owner = next(s.actor for s in senders() if any(p.endpoint.url == url for p in s.plan.servers))
-        owner.others_landed.remote(url, inputs, sent_at, used, error)
+    def owner(url: str) -> Any:
+        return next(s.actor for s in senders() if any(p.endpoint.url == url for p in s.plan.servers))
+
+    def landed(url: str, requests: int, inputs: int, seconds: float, first_sent: float, errors: dict[str, int]) -> None:
+        owner(url).others_landed.remote(url, requests, inputs, seconds, first_sent, errors)
+
+    def released(url: str, inputs: int) -> None:
+        owner(url).others_released.remote(url, inputs)
 
     def deposit(key: int, result: EmbedResult) -> None:
         senders()[first.sender_of(key)].actor.deposit.remote(key, result)
 
     wave.start(options=options, request_timeout=job.client.request_timeout, model_id=servers.model_id,
-               api_key_env=job.servers.api_key_env, landed=landed, deposit=deposit)
+               api_key_env=job.servers.api_key_env, landed=landed, released=released, deposit=deposit)
+
+
+def _all_running(senders: Sequence[SenderRef]) -> Callable[[], bool]:
+    """Whether every one of ``senders`` is running (:meth:`SenderActor.running`): a look at futures, no call to Ray."""
+    running = [sender.actor.running.remote().future() for sender in senders]
+    return lambda: all(future.done() for future in running)
 
 
 def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None, workers: int) -> tuple[list[Any], list[Any]]:

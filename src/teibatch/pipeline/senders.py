@@ -20,12 +20,13 @@ last shard of a run included, and a task that is reading or writing holds none o
   names the shards still running when it has started the last task (:meth:`SenderActor.last_streams`),
   and each shard says when it has sent its last chunk (:meth:`SenderActor.stream_done`; the driver
   says it for a task that ended without doing so).
-* The run's first requests are sent by the driver itself (``pipeline/first_wave.py``) while the
-  senders' processes start. A plan says how many inputs the driver may have in flight at each
-  server (``SenderPlan.held``): they count against the sender's window until the driver says each
-  of its requests is back (:meth:`SenderActor.others_landed`), and the chunks of those texts wait
-  in the sender for the driver's vectors (:meth:`SenderActor.deposit`), the sender embedding only
-  what the driver did not get.
+* The run's first requests are sent by the driver itself (``pipeline/first_wave.py``) until the
+  senders are running (:meth:`SenderActor.running`). A plan says how many inputs the driver may
+  have in flight at each server (``SenderPlan.held``): they count against the sender's window until
+  the driver gives them back (:meth:`SenderActor.others_released`); its requests count in the
+  sender's report (:meth:`SenderActor.others_landed`); the chunks of those texts wait in the
+  sender for the driver's vectors (:meth:`SenderActor.deposit`), the sender embedding only what the
+  driver did not get.
 * A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
   chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
   leaves nothing counted anywhere: in-flight counts live only inside the sender that sends. A
@@ -305,12 +306,23 @@ class SenderCore:
         failures = [Failure(int(missing[f.position]), f.reason, f.detail) for f in rest.failures]
         return EmbedResult(vectors, ok, failures, truncated)
 
-    def others_landed(self, url: str, inputs: int, *, sent_at: float, used: bool, error: str | None) -> None:
-        """A request of the driver's first wave to ``url`` is back (see :meth:`EndpointPool.others_landed`)."""
+    def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
+                      errors: Mapping[str, int]) -> None:
+        """What the driver's first wave did at ``url`` (see :meth:`EndpointPool.others_landed`)."""
+        pool, server = self._server(url)
+        if server is not None:
+            pool.others_landed(server, requests=requests, inputs=inputs, seconds=seconds, first_sent=first_sent,
+                               errors=errors)
+
+    def others_released(self, url: str, inputs: int) -> None:
+        """The driver gave back ``inputs`` of what it held at ``url`` (see :meth:`EndpointPool.release_held`)."""
+        pool, server = self._server(url)
+        if server is not None:
+            pool.release_held(server, inputs)
+
+    def _server(self, url: str) -> tuple[EndpointPool, Server | None]:
         pool, _, _ = self._start()
-        for server in pool.servers:
-            if server.url == url:
-                pool.others_landed(server, inputs, sent_at=sent_at, used=used, error=error)
+        return pool, next((server for server in pool.servers if server.url == url), None)
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per server: requests, inputs, retries, errors, max in flight, busy share (see ``ServerStats``)."""
@@ -359,7 +371,7 @@ class SenderActor:
         # The driver's first wave: its vectors per chunk, and its requests back before this sender had a plan.
         self.restarted = _restarted()
         self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
-        self._landed_early: list[tuple[str, int, float, bool, str | None]] = []
+        self._driver_early: list[Callable[[SenderCore], None]] = []  # what the driver said before the plan came
         self._connecting: asyncio.Task[None] | None = None
         if servers:
             with contextlib.suppress(RuntimeError):  # no event loop: built outside Ray, connects when called
@@ -404,14 +416,28 @@ class SenderActor:
         if not future.done():
             future.set_result(result)
 
-    async def others_landed(self, url: str, inputs: int, sent_at: float, used: bool, error: str | None = None) -> None:
-        """A request of the driver's first wave to ``url`` is back: its inputs are this sender's to use."""
+    async def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
+                            errors: dict[str, int]) -> None:
+        """What the driver's first wave did at ``url``, all of it back: counted in this sender's report."""
+        self._from_driver(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
+
+    async def others_released(self, url: str, inputs: int) -> None:
+        """The driver gave back ``inputs`` of what it held at ``url``: they are this sender's to use."""
+        self._from_driver(lambda core: core.others_released(url, inputs))
+
+    async def running(self) -> None:
+        """Returns once this sender can send: it has the probed plan and its connections are open."""
+        await self._probed.wait()
+        if self._connecting is not None:
+            await self._connecting
+
+    def _from_driver(self, news: Callable[[SenderCore], None]) -> None:
         if self.restarted:
-            return
+            return  # a restarted sender took no hold: nothing the driver says about it applies
         if self.core is None:
-            self._landed_early.append((url, inputs, sent_at, used, error))
-            return
-        self.core.others_landed(url, inputs, sent_at=sent_at, used=used, error=error)
+            self._driver_early.append(news)
+        else:
+            news(self.core)
 
     async def _deposit(self, wave: int, plan: SenderPlan) -> EmbedResult | None:
         """The driver's vectors for chunk ``wave``; None if they do not come in time (its requests timed out)."""
@@ -434,9 +460,9 @@ class SenderActor:
     def _core(self, plan: SenderPlan) -> SenderCore:
         if self.core is None:
             self.core = SenderCore(plan, self.streams, self.clients, takes_holds=not self.restarted)
-            for url, inputs, sent_at, used, error in self._landed_early:
-                self.core.others_landed(url, inputs, sent_at=sent_at, used=used, error=error)
-            self._landed_early.clear()
+            for news in self._driver_early:
+                news(self.core)
+            self._driver_early.clear()
         if plan.dimension is not None:
             self.core.probed(plan.dimension)
             self._probed.set()

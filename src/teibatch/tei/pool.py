@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from teibatch.errors import CapacityUnavailable, TeiError
@@ -230,30 +230,34 @@ class EndpointPool:
         server.held = max(0, inputs)
         server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight + server.held)
 
-    def others_landed(self, server: Server, inputs: int, *, sent_at: float, used: bool, error: str | None) -> None:
-        """A request of ``inputs`` inputs that another client sent to ``server`` at ``sent_at`` is back.
+    def release_held(self, server: Server, inputs: int) -> None:
+        """The other client gave back ``inputs`` of what it held at ``server``: any caller of the pool may use them."""
+        self._count_inputs(server, time.monotonic())
+        server.held = max(0, server.held - inputs)
+        self.wake()
 
-        Its inputs leave :attr:`Server.held`, so every caller of the pool may use them; the request
-        counts in the server's stats like one of the pool's own (``used``: its answer gave vectors
-        that were kept; ``error``: why it failed). ``sent_at`` is on this machine's monotonic clock:
-        time the other client was busy there before this pool knew of it counts as busy.
+    def others_landed(self, server: Server, *, requests: int, inputs: int, seconds: float, first_sent: float,
+                      errors: Mapping[str, int]) -> None:
+        """What another client did at ``server``, now that all of it is back: ``requests`` answers used,
+        ``inputs`` inputs in them, ``seconds`` their summed latency, and its failed requests by error.
+
+        They count in the server's stats like the pool's own. ``first_sent`` (its first request, on
+        this machine's monotonic clock): the time it was busy there before this pool held anything
+        counts as busy, its whole budget in flight.
         """
         now = time.monotonic()
         self._count_inputs(server, now)
         stats = server.stats
-        if stats.first_sent is not None and sent_at < stats.first_sent:
-            stats.busy_seconds += stats.first_sent - sent_at
-            stats.input_seconds += max(server.held, inputs) * (stats.first_sent - sent_at)
-        stats.first_sent = sent_at if stats.first_sent is None else min(stats.first_sent, sent_at)
+        if stats.first_sent is not None and first_sent < stats.first_sent:
+            stats.busy_seconds += stats.first_sent - first_sent
+            stats.input_seconds += server.limits.max_inflight_inputs * (stats.first_sent - first_sent)
+        stats.first_sent = first_sent if stats.first_sent is None else min(stats.first_sent, first_sent)
         stats.last_answer = now if stats.last_answer is None else max(stats.last_answer, now)
-        server.held = max(0, server.held - inputs)
-        if used:
-            stats.requests += 1
-            stats.inputs += inputs
-            stats.seconds += max(0.0, now - sent_at)
-        if error is not None:
-            stats.count_error(error)
-        self.wake()
+        stats.requests += requests
+        stats.inputs += inputs
+        stats.seconds += seconds
+        for kind, count in errors.items():
+            stats.errors[kind] = stats.errors.get(kind, 0) + count
 
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
