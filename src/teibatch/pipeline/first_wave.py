@@ -31,7 +31,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +41,7 @@ import orjson
 
 from teibatch.pipeline.senders import CONNECT_TIMEOUT_S, ServerPlan
 from teibatch.tei import EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient, tls_settings
+from teibatch.tei.pool import ServerStats
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +78,7 @@ class _Budget:
     max_requests: int
     in_flight: int = 0
     requests: int = 0
-    answered: int = 0
-    inputs: int = 0
-    seconds: float = 0.0
-    first_sent: float | None = None
-    errors: Counter[str] = field(default_factory=Counter)
+    tally: ServerStats = field(default_factory=ServerStats)  # what came back: requests and inputs used, errors
 
     def takes(self, count: int) -> bool:
         return self.in_flight + count <= self.held and self.requests < self.max_requests
@@ -230,9 +227,10 @@ class _Sending:
             for chunk in range(len(self.wave.chunks)):
                 self._deposit(chunk)
             for index, budget in enumerate(self.budgets):
-                if budget.first_sent is not None:
-                    self.landed(self.wave.servers[index].endpoint.url, budget.answered, budget.inputs,
-                                budget.seconds, budget.first_sent, dict(budget.errors))
+                tally = budget.tally
+                if tally.first_sent is not None:
+                    self.landed(self.wave.servers[index].endpoint.url, tally.requests, tally.inputs, tally.seconds,
+                                tally.first_sent, dict(tally.errors))
 
     def _dispatch(self) -> None:
         """Send what the budgets take, oldest first; stop once the senders run or nothing is left."""
@@ -271,19 +269,20 @@ class _Sending:
         client, budget = self.clients[index], self.budgets[index]
         count = wave_request.request.count
         sent_at = time.monotonic()
-        if budget.first_sent is None:
-            budget.first_sent = sent_at
+        tally = budget.tally
+        if tally.first_sent is None:
+            tally.first_sent = sent_at
         try:
             got = await client.embed(wave_request.request)
         except Exception as exc:  # the senders embed these texts: nothing is lost, nothing retried here
-            budget.errors[type(exc).__name__] += 1
+            tally.count_error(type(exc).__name__)
         else:
             positions = list(wave_request.positions)
             self.vectors[wave_request.chunk][positions] = got
             self.ok[wave_request.chunk][positions] = True
-            budget.answered += 1
-            budget.inputs += count
-            budget.seconds += time.monotonic() - sent_at
+            tally.requests += 1
+            tally.inputs += count
+            tally.seconds += time.monotonic() - sent_at
         budget.in_flight -= count
         budget.requests -= 1
         if not self.sending:
