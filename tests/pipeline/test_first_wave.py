@@ -261,3 +261,22 @@ def test_a_run_sends_its_first_requests_from_the_driver_and_embeds_every_text_on
     assert server["violations"] == ZERO_VIOLATIONS and server["max_inflight_inputs"] <= 8
     (seen,) = summary.servers.values()
     assert seen["inputs"] == 300 and int(seen["max_in_flight"]) <= 8  # type: ignore[call-overload]
+
+
+@pytest.mark.timeout(60)
+def test_a_wave_never_told_to_go_sends_nothing_and_stops_at_once() -> None:
+    # The probe failed (a wrong key, say): the run ends, and the wave with it, without a word.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
+        wave = plan_first_wave(server_plans([url]), "embed", EmbedOptions(), texts(32), chunk_size=32)
+        assert wave is not None
+        landings = Landings(None, None, chunks=1)
+        landings.start(wave)
+        time.sleep(0.3)  # it opens its first connections meanwhile
+        started = time.monotonic()
+        wave.stop()
+        stopped_in = time.monotonic() - started
+        server = httpx.get(f"{url}/teibatch/stats", timeout=10).json()
+    assert stopped_in < 1.0
+    # One connection per request the server takes at once (8 inputs in requests of 4, plus one), no embedding.
+    assert server["requests"]["by_route"].get("/embed", 0) == 0 and server["requests"]["by_route"]["/info"] == 3
+    assert landings.calls == [] and not landings.deposits and not landings.released

@@ -126,7 +126,9 @@ class FirstWave:
             try:
                 asyncio.run(self._send_all(options, request_timeout, model_id, api_key_env, landed, released,
                                            deposit))
-            except Exception:  # every chunk was deposited and every input given back in _send's finally
+            except asyncio.CancelledError:  # stopped by :meth:`stop`: the run is ending
+                pass
+            except Exception:  # every chunk was deposited and every input given back in _Sending.run's finally
                 log.exception("the driver's first requests stopped early")
 
         self._thread = threading.Thread(target=run, name="teibatch-first-wave", daemon=True)
