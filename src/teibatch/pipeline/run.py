@@ -280,11 +280,11 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
                                 before_probe=before_probe)
+                _check_same_vectors(manifest, fleet, store)  # servers the output cannot take get no work
                 if wave is not None:
                     wave.go(fleet.dimension)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
-                _check_same_vectors(manifest, fleet, store)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers]}
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
