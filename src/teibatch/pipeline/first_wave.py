@@ -35,12 +35,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
 import orjson
 
-from teibatch.pipeline.senders import CONNECT_TIMEOUT_S, ServerPlan
-from teibatch.tei import EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient, tls_settings
+from teibatch.pipeline.senders import ServerClients, ServerPlan
+from teibatch.tei import EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient
 from teibatch.tei.pool import ServerStats
 
 log = logging.getLogger(__name__)
@@ -167,12 +166,15 @@ class FirstWave:
                         api_key_env: str | None, landed: Landed, released: Released, deposit: Deposit) -> None:
         self._go = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        http = [_http_client(plan.endpoint.url) for plan in self.servers]
-        clients = [TeiClient(plan.endpoint, http_client, timeout=request_timeout, model=model_id,
-                             api_key_env=api_key_env, normalized=options.normalize)
-                   for plan, http_client in zip(self.servers, http, strict=True)]
+        connections = ServerClients()
+        clients = [TeiClient(plan.endpoint, connections.get(plan.endpoint.url), timeout=request_timeout,
+                             model=model_id, api_key_env=api_key_env, normalized=options.normalize)
+                   for plan in self.servers]
         try:
-            await self._open(clients)
+            # The connections of each server's first requests (see :meth:`start`).
+            await connections.open((plan.endpoint for plan in self.servers),
+                                   min(CONNECTIONS_AHEAD, max(plan.limits.max_requests for plan in self.servers)),
+                                   api_key_env)
             if self._dimension is None:
                 await self._go.wait()
             if self._dimension is not None:
@@ -180,17 +182,7 @@ class FirstWave:
                     client.expected_dimension = self._dimension
                 await _Sending(self, clients, self._dimension, landed, released, deposit).run()
         finally:
-            for http_client in http:
-                await http_client.aclose()
-
-    async def _open(self, clients: Sequence[TeiClient]) -> None:
-        """The connections of each server's first requests (``/info``, which TEI answers without
-        queueing it behind a batch). Best effort: a connection that fails to open is opened by its
-        request (or fails it)."""
-        ahead = [min(CONNECTIONS_AHEAD, p.limits.max_requests) for p in self.servers]
-        await asyncio.gather(*(client.info(timeout=CONNECT_TIMEOUT_S)
-                               for client, count in zip(clients, ahead, strict=True) for _ in range(count)),
-                             return_exceptions=True)
+            await connections.close()
 
 
 class _Sending:
@@ -309,12 +301,6 @@ class _Sending:
     def _check_done(self) -> None:
         if not self.sending and not any(b.in_flight for b in self.budgets):
             self.done.set()
-
-
-def _http_client(url: str) -> httpx.AsyncClient:
-    """A client with no cap on connections: the wave's budgets bound its requests."""
-    return httpx.AsyncClient(verify=tls_settings(url), limits=httpx.Limits(max_connections=None,
-                                                                           max_keepalive_connections=None))
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:

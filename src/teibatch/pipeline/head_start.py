@@ -9,9 +9,9 @@ sends (what does not fit the windows waits in the senders) — and sends them to
 ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read and sent while the senders'
 processes start, before the servers' first embedding (the probe): they wait in the senders, which
 start them as soon as the probe's answer gives them their plan, with no round trip through the
-driver or the object store in between. The first of them, one full window per server, the driver
-also sends to the servers itself right after the probe (``pipeline/first_wave.py``): their chunks
-wait in the senders for the driver's vectors. The shard task, once started, takes those chunks'
+driver or the object store in between. The driver also sends them to the servers itself from the
+probe on, until the senders run (``pipeline/first_wave.py``): their chunks wait in the senders for
+the driver's vectors. The shard task, once started, takes those chunks'
 results as its own and sends the rest of its texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,

@@ -52,8 +52,8 @@ class ServerStats:
     copies: int = 0
     copies_won: int = 0
 
-    def count_error(self, kind: str) -> None:
-        self.errors[kind] = self.errors.get(kind, 0) + 1
+    def count_error(self, kind: str, count: int = 1) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + count
 
     def _span(self) -> float | None:
         if self.first_sent is None or self.last_answer is None or self.last_answer <= self.first_sent:
@@ -88,8 +88,8 @@ class Server:
                                         latency_factor=latency_factor)
         self.in_flight = 0
         self.requests_in_flight = 0
-        # Inputs another client (the driver's first wave, ``pipeline/first_wave.py``) may still have in
-        # flight here: they count against the window until that client says they landed.
+        # Inputs another client (the driver's first wave, ``pipeline/first_wave.py``) may have in flight
+        # here: they count against the window until that client gives them back.
         self.held = 0
         self.healthy = True
         self.failures = 0
@@ -113,9 +113,14 @@ class Server:
         return self.limits.max_requests
 
     @property
+    def occupied(self) -> int:
+        """Inputs in flight here as this client counts them: its own and what another client holds."""
+        return self.in_flight + self.held
+
+    @property
     def free(self) -> int:
-        """Inputs that may be sent now under the window (less what another client still holds)."""
-        return self.window.limit - self.in_flight - self.held
+        """Inputs that may be sent now under the window."""
+        return self.window.limit - self.occupied
 
     @property
     def batch_limit(self) -> int:
@@ -210,7 +215,7 @@ class EndpointPool:
             server.stats.first_sent = now
         server.in_flight += count
         server.requests_in_flight += 1
-        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight + server.held)
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.occupied)
 
     def release(self, server: Server, count: int) -> None:
         """``count`` inputs came back from ``server``: its room is free for every caller of the pool."""
@@ -228,7 +233,7 @@ class EndpointPool:
         if inputs > 0 and server.stats.first_sent is None:
             server.stats.first_sent = now
         server.held = max(0, inputs)
-        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight + server.held)
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.occupied)
 
     def release_held(self, server: Server, inputs: int) -> None:
         """The other client gave back ``inputs`` of what it held at ``server``: any caller of the pool may use them."""
@@ -257,7 +262,7 @@ class EndpointPool:
         stats.inputs += inputs
         stats.seconds += seconds
         for kind, count in errors.items():
-            stats.errors[kind] = stats.errors.get(kind, 0) + count
+            stats.count_error(kind, count)
 
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
@@ -268,7 +273,7 @@ class EndpointPool:
         """
         if server._counted_at is not None:
             elapsed = now - server._counted_at
-            server.stats.input_seconds += (server.in_flight + server.held) * elapsed
+            server.stats.input_seconds += server.occupied * elapsed
             if server.requests_in_flight or server.held:
                 server.stats.busy_seconds += elapsed
         server._counted_at = now
