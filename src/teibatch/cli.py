@@ -122,11 +122,15 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     import yaml
 
     from teibatch.corpus import probe_corpus
+    from teibatch.corpus.overlap import exclusion_note
     from teibatch.job import load_job
 
     job = load_job(job_file, list(overrides))
-    probe = probe_corpus(job.corpus_options())
+    corpus = job.corpus_options()
+    probe = probe_corpus(corpus)
     click.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
+    if (note := exclusion_note(corpus)) is not None:
+        click.echo(note, err=True)
     click.echo(f"corpus: {probe.summary()}", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 

@@ -6,6 +6,7 @@ receives plain frozen records built from a validated :class:`JobSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from teibatch.corpus.overlap import output_inside
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
 from teibatch.jobfile import RawJob, load_job_file, override_error
@@ -226,11 +228,15 @@ class JobSpec(_Section):
     export: ExportSection = ExportSection()
 
     def corpus_options(self) -> CorpusOptions:
-        """The corpus section as the record ``teibatch.corpus`` reads."""
+        """The corpus section as the record ``teibatch.corpus`` reads, leaving out the job's output
+        when it lies inside the corpus; :class:`JobSpecError` when the output is the corpus folder
+        or holds the corpus (``corpus/overlap.py``)."""
         c = self.corpus
-        return CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
-                             keep_fields=c.keep_fields, shard_docs=c.shard_docs,
-                             storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
+        options = CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
+                                keep_fields=c.keep_fields, shard_docs=c.shard_docs,
+                                storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
+        inside = output_inside(options, self.output.path, self.output.storage_options)
+        return dataclasses.replace(options, exclude=(inside,)) if inside else options
 
     def vector_options(self) -> dict[str, Any]:
         """Everything that changes the vector of a text (part of every content hash)."""
