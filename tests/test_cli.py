@@ -173,3 +173,19 @@ def test_output_that_is_or_holds_the_corpus_exits_2_before_any_work(tmp_path: Pa
         assert problem in result.stderr and str(tmp_path / "c9") in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c9", "job.yaml"]  # nothing written
     assert sorted(p.name for p in (tmp_path / "c9").iterdir()) == ["a.jsonl"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_summary_line_counts_truncated_documents(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text('{"text": "short"}\n{"text": "' + "long " * 300 + '"}\n{"text": "x"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c")}, output={"path": str(tmp_path / "out")},
+                     model={"truncate": False, "on_too_long": "truncate"},
+                     servers={"provider": "local", "count": 1, "server_args": ["--max-input-length", "64"]})
+    result = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("done: 3 documents embedded (1 truncated), 0 rejected;")
+    assert ds.dataset(tmp_path / "out" / "vectors").to_table().column("truncated").to_pylist().count(True) == 1
+    again = CliRunner().invoke(main, ["run", str(path), "-q", "--set", f"output.path={tmp_path / 'out2'}",
+                                      "--set", "servers.server_args=[]"])
+    assert again.stdout.startswith("done: 3 documents embedded, 0 rejected;")  # "0 truncated" is not said

@@ -95,7 +95,9 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
     docs = report["documents"]
     if not as_json:
         reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
-        click.echo(f"done: {docs['embedded']:,} documents embedded, {docs['rejected']:,} rejected"
+        truncated = docs.get("truncated", 0)
+        click.echo(f"done: {docs['embedded']:,} documents embedded"
+                   + (f" ({truncated:,} truncated)" if truncated else "") + f", {docs['rejected']:,} rejected"
                    + (f" ({reasons})" if reasons else "")
                    + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
                    + f"; {report['timings'].get('total_s', 0):.1f}s"

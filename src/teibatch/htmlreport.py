@@ -143,7 +143,9 @@ def _headline(report: dict[str, Any], output: str) -> str:
         duration = as_number(_d(progress[-1]).get("t"))
     shard_text = f"{_fmt(shards.get('committed'))} of {_fmt(shards.get('total'))}"
     shard_note = f"{_fmt(shards.get('skipped_committed'))} already done, {_fmt(shards.get('failed'))} failed"
-    cards = [("Status", escape(status), ""), ("Embedded", _fmt(docs.get("embedded")), "documents"),
+    truncated = as_number(docs.get("truncated"))
+    embedded_note = "documents" + (f", {_fmt(truncated)} truncated" if truncated else "")
+    cards = [("Status", escape(status), ""), ("Embedded", _fmt(docs.get("embedded")), embedded_note),
              ("Rejected", _fmt(docs.get("rejected")), "documents"),
              ("Skipped unchanged", _fmt(docs.get("skipped_unchanged")), "documents"),
              ("Read", _fmt(docs.get("read")), "documents"),
