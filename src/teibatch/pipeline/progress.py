@@ -8,7 +8,6 @@ committed, ``rows``, ``rejects``). ``finish`` receives the run's final report (`
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from collections.abc import Callable
@@ -130,21 +129,6 @@ class JsonLinesReporter(SilentReporter):
         self.emit("run_finished", level, status=report.get("status"), documents=report.get("documents"),
                   shards=report.get("shards"), seconds=report.get("timings", {}).get("total_s"),
                   errors=report.get("errors", [])[:5])
-
-
-class JsonLogHandler(logging.Handler):
-    """Python log records (fleet, client, warnings) as JSON lines through a :class:`JsonLinesReporter`,
-    so that with ``--log-format json`` every line of the run's log has the same shape and run id."""
-
-    def __init__(self, reporter: JsonLinesReporter) -> None:
-        super().__init__()
-        self.reporter = reporter
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.reporter.emit("log", record.levelname.lower(), logger=record.name, message=record.getMessage())
-        except Exception:  # a log line must never break the run
-            self.handleError(record)
 
 
 class ReportCapture(SilentReporter):
