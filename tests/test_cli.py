@@ -131,3 +131,61 @@ def test_status_table_and_json(tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, ["status", str(tmp_path / "nothing")])
     assert missing.exit_code == 1
     assert "no _manifest.json" in missing.stderr
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_output_inside_the_corpus_folder_is_left_out_and_a_second_run_finds_nothing_new(tmp_path: Path) -> None:
+    corpus = tmp_path / "data" / "c9"
+    corpus.mkdir(parents=True)
+    (corpus / "a.jsonl").write_text("".join(f'{{"id": "d{i}", "text": "doc {i}"}}\n' for i in range(6)))
+    path = write_job(tmp_path, corpus={"path": str(corpus), "id_field": "id"}, output={"path": str(corpus / "out")},
+                     servers={"provider": "local", "count": 1})
+    note = f"corpus: the output (out/) lies inside {corpus} and is left out of the corpus"
+    checked = CliRunner().invoke(main, ["validate", str(path)])
+    assert checked.exit_code == 0, checked.output
+    assert note in checked.stderr.splitlines()
+    first = CliRunner().invoke(main, ["run", str(path)])
+    assert first.exit_code == 0, first.output
+    assert first.stdout.startswith("done: 6 documents embedded, 0 rejected; 1 shards committed")
+    assert sum(note in line for line in first.stderr.splitlines()) == 1
+    second = CliRunner().invoke(main, ["run", str(path)])  # out/vectors and out/runs now exist
+    assert second.exit_code == 0, second.output
+    assert second.stdout.startswith("done: 0 documents embedded, 0 rejected; 0 shards committed, 1 already done")
+    ids = ds.dataset(corpus / "out" / "vectors").to_table().column("id").to_pylist()
+    assert sorted(ids) == [f"d{i}" for i in range(6)]
+    assert ds.dataset(corpus / "out" / "rejects").to_table().num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("output", "problem"),
+    [pytest.param("c9", "is the corpus's own folder", id="the-corpus-folder"),
+     pytest.param(".", "lies inside the output", id="holding-the-corpus")],
+)
+def test_output_that_is_or_holds_the_corpus_exits_2_before_any_work(tmp_path: Path, output: str,
+                                                                    problem: str) -> None:
+    (tmp_path / "c9").mkdir()
+    (tmp_path / "c9" / "a.jsonl").write_text('{"text": "x"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c9")}, output={"path": str(tmp_path / output)},
+                     servers={"provider": "static", "urls": [f"http://127.0.0.1:{free_port()}"]})
+    for command in ("validate", "run"):
+        result = CliRunner().invoke(main, [command, str(path)])
+        assert result.exit_code == 2, result.output
+        assert problem in result.stderr and str(tmp_path / "c9") in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c9", "job.yaml"]  # nothing written
+    assert sorted(p.name for p in (tmp_path / "c9").iterdir()) == ["a.jsonl"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_summary_line_counts_truncated_documents(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text('{"text": "short"}\n{"text": "' + "long " * 300 + '"}\n{"text": "x"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c")}, output={"path": str(tmp_path / "out")},
+                     model={"truncate": False, "on_too_long": "truncate"},
+                     servers={"provider": "local", "count": 1, "server_args": ["--max-input-length", "64"]})
+    result = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("done: 3 documents embedded (1 truncated), 0 rejected;")
+    assert ds.dataset(tmp_path / "out" / "vectors").to_table().column("truncated").to_pylist().count(True) == 1
+    again = CliRunner().invoke(main, ["run", str(path), "-q", "--set", f"output.path={tmp_path / 'out2'}",
+                                      "--set", "servers.server_args=[]"])
+    assert again.stdout.startswith("done: 3 documents embedded, 0 rejected;")  # "0 truncated" is not said

@@ -8,7 +8,7 @@ import pytest
 
 from teibatch.errors import JobSpecError
 from teibatch.job import load_job
-from teibatch.jobfile import load_job_file
+from teibatch.jobfile import MAX_PROBLEMS_SHOWN, load_job_file
 
 MINIMAL = "corpus:\n  path: ./docs\noutput:\n  path: ./out\n"
 
@@ -131,3 +131,51 @@ def test_a_set_that_replaces_a_section_takes_its_lines_with_it(tmp_path: Path) -
 def test_the_last_set_of_a_key_wins(tmp_path: Path) -> None:
     job = load_job(write(tmp_path, MINIMAL), ["corpus.shard_docs=0", "corpus.shard_docs=9"])
     assert job.corpus.shard_docs == 9
+
+
+def test_every_problem_is_shown_each_at_its_option_or_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "corpus:\n  path: x\n  shard_docs: 0\noutput:\n  path: o\n")
+    with pytest.raises(JobSpecError) as caught:
+        load_job(path, ["servers.count=x", "client.max_batch_size=abc", "servers.urls=[1]"])
+    lines = str(caught.value).splitlines()
+    assert lines == [
+        "4 problems:",
+        f"  {path}:3: corpus.shard_docs: Input should be greater than or equal to 1",
+        "  --set servers.count=x: Input should be a valid integer, unable to parse string as an integer",
+        "  --set servers.urls=[1]: servers.urls.0: Input should be a valid dictionary or instance of "
+        "StaticServerSection",
+        # one problem for one value, though it fits neither of the key's two types
+        "  --set client.max_batch_size=abc: Input should be a valid integer, unable to parse string as an "
+        "integer; or 'auto'",
+    ]
+    assert (caught.value.file, caught.value.line, caught.value.key) == (str(path), 3, "corpus.shard_docs")
+
+
+def test_every_bad_set_and_every_unset_variable_is_shown(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(JobSpecError) as caught:
+        load_job(path, ["corpus.keep_fields=[a", "corpus.path.deep=1"])
+    assert str(caught.value).splitlines()[1:] == [
+        "  --set corpus.keep_fields=[a: the value is not valid YAML: expected ',' or ']', but got '<stream end>'",
+        "  --set corpus.path.deep=1: corpus.path is not a section"]
+    with pytest.raises(JobSpecError) as caught:
+        load_job(write(tmp_path, "corpus:\n  path: ${NO_DIR}/x\noutput:\n  path: ${NO_OUT}\n"), environ={})
+    assert [line.split(": ", 1)[1] for line in str(caught.value).splitlines()[1:]] == [
+        "corpus.path: environment variable NO_DIR is not set (write ${NO_DIR:-default} to give a default)",
+        "output.path: environment variable NO_OUT is not set (write ${NO_OUT:-default} to give a default)"]
+
+
+@pytest.mark.parametrize(("count", "shown"), [pytest.param(MAX_PROBLEMS_SHOWN + 1, MAX_PROBLEMS_SHOWN + 1,
+                                                           id="one-over-the-cap-is-shown"),
+                                              pytest.param(30, MAX_PROBLEMS_SHOWN, id="a-long-list-is-cut")])
+def test_a_long_list_of_problems_is_cut_but_never_hides_just_one(tmp_path: Path, count: int, shown: int) -> None:
+    urls = "[" + ", ".join(str(i) for i in range(count)) + "]"
+    with pytest.raises(JobSpecError) as caught:
+        load_job(write(tmp_path, MINIMAL), ["servers.provider=static", f"servers.urls={urls}"])
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"{count} problems:"
+    assert sum("servers.urls." in line for line in lines) == shown
+    if shown < count:
+        assert lines[-1].startswith(f"  and {count - shown} more not shown here")
+    else:
+        assert len(lines) == count + 1

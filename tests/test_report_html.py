@@ -119,6 +119,22 @@ def test_out_writes_a_local_file_and_run_picks_the_run(run_output: Path, tmp_pat
     assert_shows_the_run(target.read_text(encoding="utf-8"), run_report(run_output))
 
 
+def test_a_resume_with_nothing_to_do_is_passed_over_and_the_choice_said(run_output: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "out"
+    shutil.copytree(run_output, copy)
+    job = run_output.parent / "job.yaml"
+    again = CliRunner().invoke(main, ["run", str(job), "-q", "--set", f"output.path={copy}"])
+    assert again.exit_code == 0, again.output
+    assert "0 shards committed, 5 already done" in again.stdout
+    first, nothing = sorted(path.stem for path in (copy / "runs").glob("*.json"))
+    result = invoke(str(copy))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (f"report of run {first} (the latest run that committed shards or failed; the newer run "
+                             f"{nothing} found nothing to do): {copy / 'runs' / first}.html\n")
+    named = invoke(str(copy), "--run", nothing, "-o", str(tmp_path / "page.html"))
+    assert named.stdout == f"report of run {nothing}: {tmp_path / 'page.html'}\n"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     pytest.param(["--run", "20000101T000000Z-000000"], "no run '20000101T000000Z-000000'", id="unknown-run"),
     pytest.param([], "holds no run report", id="no-runs"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
@@ -11,6 +10,7 @@ import orjson
 from teibatch import __version__
 from teibatch.cli_errors import handle_errors
 from teibatch.errors import RejectsFound
+from teibatch.logs import JsonLogHandler, ReporterLines, log_through, log_to_stderr
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -26,8 +26,7 @@ def main(debug: bool) -> None:
       teibatch validate nightly.yaml
       teibatch serve --port 8080
     """
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(debug)
 
 
 _set_option = click.option(
@@ -71,14 +70,16 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
     """
     from teibatch.job import load_job
     from teibatch.pipeline import reporter_for, run_job
-    from teibatch.pipeline.progress import JsonLinesReporter, JsonLogHandler, ReportCapture, Reporter, Reporters
+    from teibatch.pipeline.progress import JsonLinesReporter, ReportCapture, Reporter, Reporters
     from teibatch.pipeline.summary import new_run_id
 
     run_id = click.get_current_context().meta["teibatch.run_id"] = new_run_id()
     shown = reporter_for(sys.stderr, quiet=quiet, log_format=log_format)
     shown.bind(run_id)
     if isinstance(shown, JsonLinesReporter):
-        logging.getLogger().handlers = [JsonLogHandler(shown)]
+        log_through(JsonLogHandler(shown))
+    elif not quiet:  # quiet: warnings still go to stderr, without the progress lines
+        log_through(ReporterLines(shown))
     job = load_job(job_file, list(overrides))
     capture = ReportCapture()
     listeners: list[Reporter] = [shown, capture]
@@ -95,7 +96,9 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
     docs = report["documents"]
     if not as_json:
         reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
-        click.echo(f"done: {docs['embedded']:,} documents embedded, {docs['rejected']:,} rejected"
+        truncated = docs.get("truncated", 0)
+        click.echo(f"done: {docs['embedded']:,} documents embedded"
+                   + (f" ({truncated:,} truncated)" if truncated else "") + f", {docs['rejected']:,} rejected"
                    + (f" ({reasons})" if reasons else "")
                    + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
                    + f"; {report['timings'].get('total_s', 0):.1f}s"
@@ -122,11 +125,15 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     import yaml
 
     from teibatch.corpus import probe_corpus
+    from teibatch.corpus.overlap import exclusion_note
     from teibatch.job import load_job
 
     job = load_job(job_file, list(overrides))
-    probe = probe_corpus(job.corpus_options())
+    corpus = job.corpus_options()
+    probe = probe_corpus(corpus)
     click.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())
+    if (note := exclusion_note(corpus)) is not None:
+        click.echo(note, err=True)
     click.echo(f"corpus: {probe.summary()}", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 

@@ -16,7 +16,8 @@ from teibatch.errors import JobSpecError
 @click.command()
 @click.argument("output")
 @click.option("--run", "run_id", default=None, metavar="ID",
-              help="The run to show: its id, the name of OUTPUT/runs/ID.json. Default: the latest run.")
+              help="The run to show: its id, the name of OUTPUT/runs/ID.json. Default: the latest run that "
+                   "committed shards or failed (a run that found nothing to do is passed over), else the latest.")
 @click.option("-o", "--out", "out_file", default=None, metavar="FILE",
               type=click.Path(dir_okay=False, writable=True),
               help="Write the page to this local file instead of OUTPUT/runs/ID.html.")
@@ -35,10 +36,11 @@ def report(output: str, run_id: str | None, out_file: str | None) -> None:
       teibatch report out/quickstart -o run.html
     """
     from teibatch.htmlreport import render_report, save_page
-    from teibatch.sink import OutputStore
+    from teibatch.sink import OutputStore, choose_run
 
     store = OutputStore(output)
-    shown, page = render_report(store, run_id)
+    chosen = choose_run(store) if run_id is None else None
+    shown, page = render_report(store, chosen.run_id if chosen is not None else run_id)
     if out_file is None:
         where = save_page(store, shown, page)
     else:
@@ -48,4 +50,4 @@ def report(output: str, run_id: str | None, out_file: str | None) -> None:
             raise JobSpecError(f"cannot write the page to {out_file}: {exc.strerror or exc}; "
                                "choose a writable file", key="-o") from exc
         where = out_file
-    click.echo(f"report of run {shown}: {where}")
+    click.echo(f"report of run {shown}{f' ({chosen.why})' if chosen is not None else ''}: {where}")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from teibatch.errors import JobSpecError, SinkError
 from teibatch.pipeline.progress import WARNING_EVENTS
-from teibatch.sink import REJECTS_DIR, RUNS_DIR, Manifest, OutputStore
+from teibatch.sink import REJECTS_DIR, RUNS_DIR, Manifest, OutputStore, choose_run, run_ids
 from teibatch.svgdraw import CHART_WIDTH, CSS, as_number, element, escape, nice_ceiling, plain, svg, table
 
 DEFAULT_EXAMPLES_PER_REASON = 3
@@ -36,7 +36,7 @@ TIMING_PHASES = ("plan_s", "ray_start_s", "ray_wait_s", "warm_up_s", "fleet_up_s
 
 
 def render_report(store: OutputStore, run_id: str | None = None) -> tuple[str, str]:
-    """The run id and the HTML page of run ``run_id`` in ``store`` (the latest run without one).
+    """The run id and the HTML page of run ``run_id`` in ``store`` (without one, the latest run that did work).
 
     Raises :class:`JobSpecError` when the output holds no run report or none named ``run_id``.
     """
@@ -55,13 +55,15 @@ def save_page(store: OutputStore, run_id: str, page: str) -> str:
 
 
 def load_run_report(store: OutputStore, run_id: str | None) -> tuple[str, dict[str, Any]]:
-    """The id and JSON of run ``run_id``, or of the latest run; :class:`JobSpecError` when there is none."""
-    runs = [name.removesuffix(".json") for name in store.list(RUNS_DIR) if name.endswith(".json")]
-    if not runs:
+    """The id and JSON of run ``run_id``, or of the run :func:`~teibatch.sink.choose_run` picks;
+    :class:`JobSpecError` when there is none."""
+    runs = run_ids(store)
+    chosen = choose_run(store) if run_id is None and runs else None
+    if chosen is not None:
+        run_id = chosen.run_id
+    elif not runs:
         raise JobSpecError(f"{store.url} holds no run report ({RUNS_DIR}/*.json): check the path, or run "
                            "`teibatch run` on a job writing there first")
-    if run_id is None:
-        run_id = runs[-1]  # run ids start with their UTC start time: the last sorts newest
     elif run_id not in runs:
         recent = ", ".join(runs[-5:])
         raise JobSpecError(f"no run {run_id!r} in {store.url}/{RUNS_DIR}; the latest runs there: {recent}",
@@ -143,7 +145,9 @@ def _headline(report: dict[str, Any], output: str) -> str:
         duration = as_number(_d(progress[-1]).get("t"))
     shard_text = f"{_fmt(shards.get('committed'))} of {_fmt(shards.get('total'))}"
     shard_note = f"{_fmt(shards.get('skipped_committed'))} already done, {_fmt(shards.get('failed'))} failed"
-    cards = [("Status", escape(status), ""), ("Embedded", _fmt(docs.get("embedded")), "documents"),
+    truncated = as_number(docs.get("truncated"))
+    embedded_note = "documents" + (f", {_fmt(truncated)} truncated" if truncated else "")
+    cards = [("Status", escape(status), ""), ("Embedded", _fmt(docs.get("embedded")), embedded_note),
              ("Rejected", _fmt(docs.get("rejected")), "documents"),
              ("Skipped unchanged", _fmt(docs.get("skipped_unchanged")), "documents"),
              ("Read", _fmt(docs.get("read")), "documents"),

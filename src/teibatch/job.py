@@ -6,6 +6,7 @@ receives plain frozen records built from a validated :class:`JobSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -14,9 +15,10 @@ from typing import Any, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from teibatch.corpus.overlap import output_inside
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
-from teibatch.jobfile import RawJob, load_job_file, override_error
+from teibatch.jobfile import RawJob, every_problem, load_job_file, override_error, override_key
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 DEFAULT_LOCAL_SERVERS = 2
@@ -226,11 +228,15 @@ class JobSpec(_Section):
     export: ExportSection = ExportSection()
 
     def corpus_options(self) -> CorpusOptions:
-        """The corpus section as the record ``teibatch.corpus`` reads."""
+        """The corpus section as the record ``teibatch.corpus`` reads, leaving out the job's output
+        when it lies inside the corpus; :class:`JobSpecError` when the output is the corpus folder
+        or holds the corpus (``corpus/overlap.py``)."""
         c = self.corpus
-        return CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
-                             keep_fields=c.keep_fields, shard_docs=c.shard_docs,
-                             storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
+        options = CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
+                                keep_fields=c.keep_fields, shard_docs=c.shard_docs,
+                                storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
+        inside = output_inside(options, self.output.path, self.output.storage_options)
+        return dataclasses.replace(options, exclude=(inside,)) if inside else options
 
     def vector_options(self) -> dict[str, Any]:
         """Everything that changes the vector of a text (part of every content hash)."""
@@ -256,27 +262,53 @@ def load_job(path: str | Path, overrides: list[str] | None = None,
 
 
 def validate_job(raw: RawJob) -> JobSpec:
-    """Validate loaded job data; the first problem becomes a :class:`JobSpecError`.
+    """Validate loaded job data; every problem goes into one :class:`JobSpecError`.
 
     A problem in a value given by ``--set`` names that option as typed (``--set corpus.shard_doc=5:
-    unknown key ...``), not a line of the file it did not come from.
+    unknown key ...``), not a line of the file it did not come from; a problem in the file names
+    its line. Several problems are listed one a line (``jobfile.every_problem``); a value that
+    fits none of a key's types (``max_batch_size: abc``) is one problem, not one per type.
     """
     try:
         return JobSpec.model_validate(raw.data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key_path = tuple(str(part) for part in first["loc"])
-        key = ".".join(key_path) or None
-        more = len(exc.errors()) - 1
-        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        override = raw.override_of(key_path)
-        if override is not None:
-            raise override_error(override, _explain(first) + suffix, key) from None
-        changed = raw.overrides_under(key_path)
-        if changed:
-            suffix += f" (with {', '.join('--set ' + text for text in changed)})"
-        raise JobSpecError(_explain(first) + suffix, file=raw.file, key=key,
-                           line=raw.line_of(key_path)) from None
+        errors = exc.errors()
+    by_key: dict[tuple[str, ...], list[Any]] = {}
+    for error in errors:
+        by_key.setdefault(_key_path(error["loc"]), []).append(error)
+    raise every_problem([_problem(raw, key_path, found) for key_path, found in by_key.items()]) from None
+
+
+def _problem(raw: RawJob, key_path: tuple[str, ...], errors: list[Any]) -> JobSpecError:
+    """The error of one key: at its ``--set`` when one gave it, else at its line of the file."""
+    key = ".".join(key_path) or None
+    explained = [_explain(error) for error in errors]
+    text = explained[0] + "".join(f"; or {other.removeprefix('Input should be ')}" for other in explained[1:])
+    override = raw.override_of(key_path)
+    if override is not None:
+        # A problem inside the value (an item of a list, a key of a mapping) says which one, unless
+        # its message does already (an unknown key).
+        inside = len(key_path) > len(override_key(override)) and errors[0]["type"] != "extra_forbidden"
+        return override_error(override, f"{key}: {text}" if inside else text, key)
+    changed = raw.overrides_under(key_path)
+    suffix = f" (with {', '.join('--set ' + setting for setting in changed)})" if changed else ""
+    return JobSpecError(text + suffix, file=raw.file, key=key, line=raw.line_of(key_path))
+
+
+def _key_path(loc: tuple[Any, ...]) -> tuple[str, ...]:
+    """The job-file keys of a validation error's location, without the names pydantic gives the
+    members of a union type (``client.max_batch_size.int`` is ``client.max_batch_size``)."""
+    model: type[BaseModel] | None = JobSpec
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            path.append(str(part))
+        elif model is not None:
+            info = model.model_fields.get(str(part))
+            path.append(str(part))
+            model = _section_model(info.annotation) if info is not None else None
+        # else: a union member's name inside a plain value: not a key
+    return tuple(path)
 
 
 def _explain(error: Any) -> str:

@@ -92,9 +92,16 @@ def load_job_file(path: str | Path, overrides: list[str] | None = None,
     lines: dict[KeyPath, int] = {}
     _record_lines(root, (), lines)
     raw = RawJob(data=data, file=file, lines=lines)
+    problems: list[JobSpecError] = []
     for override in overrides or []:
-        _apply_override(raw, override)
-    raw.data = _expand_env(raw.data, (), raw, os.environ if environ is None else environ)
+        try:
+            _apply_override(raw, override)
+        except JobSpecError as exc:
+            problems.append(exc)
+    if not problems:
+        raw.data = _expand_env(raw.data, (), raw, os.environ if environ is None else environ, problems)
+    if problems:
+        raise every_problem(problems)
     return raw
 
 
@@ -167,6 +174,29 @@ def _record_lines(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int]) -> 
             _record_lines(item, item_path, lines)
 
 
+MAX_PROBLEMS_SHOWN = 20
+"""Problems one error lists at most; past it, the count of the rest (never fewer than two of them)."""
+
+
+def every_problem(problems: list[JobSpecError]) -> JobSpecError:
+    """One error for ``problems``: the problem itself when alone, else every one on its own line.
+
+    Each line keeps its own place (``file:line: key:`` or ``--set key=value:``); the error's
+    ``file``, ``key`` and ``line`` are the first problem's. A list longer than
+    :data:`MAX_PROBLEMS_SHOWN` ends with how many more there are (always two or more).
+    """
+    if len(problems) == 1:
+        return problems[0]
+    shown = problems if len(problems) <= MAX_PROBLEMS_SHOWN + 1 else problems[:MAX_PROBLEMS_SHOWN]
+    lines = [f"{len(problems)} problems:", *(f"  {problem}" for problem in shown)]
+    if len(shown) < len(problems):
+        lines.append(f"  and {len(problems) - len(shown)} more not shown here: fix these, then "
+                     "`teibatch validate` lists the rest")
+    error = JobSpecError("\n".join(lines))
+    error.file, error.key, error.line = problems[0].file, problems[0].key, problems[0].line
+    return error
+
+
 def override_error(override: str, message: str, key: str | None = None) -> JobSpecError:
     """A ``JobSpecError`` about a ``--set`` value: it names the option as typed, never a file line."""
     error = JobSpecError(f"--set {override}: {message}")
@@ -174,11 +204,16 @@ def override_error(override: str, message: str, key: str | None = None) -> JobSp
     return error
 
 
+def override_key(override: str) -> KeyPath:
+    """The key path a ``--set key.path=value`` sets."""
+    return tuple(part.strip() for part in override.partition("=")[0].strip().split("."))
+
+
 def _apply_override(raw: RawJob, override: str) -> None:
     key, sep, value_text = override.partition("=")
     if not sep or not key.strip():
         raise JobSpecError(f"--set expects key.path=value, got {override!r}")
-    parts = tuple(part.strip() for part in key.strip().split("."))
+    parts = override_key(override)
     if not all(parts):
         raise override_error(override, "a key path is names joined by dots, like corpus.shard_docs")
     try:
@@ -201,11 +236,13 @@ def _apply_override(raw: RawJob, override: str) -> None:
     raw.overrides[parts] = override
 
 
-def _expand_env(value: Any, path: KeyPath, raw: RawJob, environ: os._Environ[str] | dict[str, str]) -> Any:
+def _expand_env(value: Any, path: KeyPath, raw: RawJob, environ: os._Environ[str] | dict[str, str],
+                problems: list[JobSpecError]) -> Any:
+    """``value`` with every ``${VAR}`` expanded; a variable that is not set is added to ``problems``."""
     if isinstance(value, dict):
-        return {k: _expand_env(v, (*path, str(k)), raw, environ) for k, v in value.items()}
+        return {k: _expand_env(v, (*path, str(k)), raw, environ, problems) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, (*path, str(i)), raw, environ) for i, v in enumerate(value)]
+        return [_expand_env(v, (*path, str(i)), raw, environ, problems) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
 
@@ -218,7 +255,9 @@ def _expand_env(value: Any, path: KeyPath, raw: RawJob, environ: os._Environ[str
         problem = f"environment variable {name} is not set (write ${{{name}:-default}} to give a default)"
         override = raw.override_of(path)
         if override is not None:
-            raise override_error(override, problem, ".".join(path))
-        raise JobSpecError(problem, file=raw.file, key=".".join(path), line=raw.line_of(path))
+            problems.append(override_error(override, problem, ".".join(path)))
+        else:
+            problems.append(JobSpecError(problem, file=raw.file, key=".".join(path), line=raw.line_of(path)))
+        return match.group(0)
 
     return _ENV_PATTERN.sub(substitute, value)

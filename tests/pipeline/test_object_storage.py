@@ -52,3 +52,31 @@ def test_s3_run_equals_local_run(small_corpus: Path, job_file: Callable[..., Pat
 
     again = run_job(remote)  # resume finds everything committed on S3
     assert again.shards_skipped == 5
+
+
+def test_output_under_the_corpus_prefix_is_left_out(small_corpus: Path, job_file: Callable[..., Path],
+                                                    s3_endpoint: str) -> None:
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="data")
+    for path in sorted(small_corpus.iterdir()):
+        client.put_object(Bucket="data", Key=f"c9/{path.name}", Body=path.read_bytes())
+    storage = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+    job = load_job(job_file({"path": str(small_corpus), "id_field": "id", "shard_docs": 10},
+                            servers={"provider": "local", "count": 1}))
+    job = job.model_copy(update={
+        "corpus": job.corpus.model_copy(update={"path": "s3://data/c9", "storage_options": storage}),
+        "output": job.output.model_copy(update={"path": "s3://data/c9/out", "storage_options": storage}),
+    })
+    assert job.corpus_options().exclude == ("out",)
+    first = run_job(job)
+    assert first.status == "done" and first.embedded == 40
+    fs = s3fs.S3FileSystem(**storage)
+    assert fs.find("data/c9/out/runs") and fs.find("data/c9/out/vectors")
+
+    again = run_job(job)  # out/vectors/*.parquet and out/runs/*.json are not read as documents
+    assert again.status == "done"
+    assert (again.shards_total, again.shards_skipped, again.embedded, again.rejected_total) == (5, 5, 0, 0)
+    ids = ds.dataset("data/c9/out/vectors", filesystem=fs).to_table().column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == 40
+    assert ds.dataset("data/c9/out/rejects", filesystem=fs).to_table().num_rows == 0

@@ -73,8 +73,8 @@ def resolve_root(options: CorpusOptions) -> CorpusRoot:
         fs, pattern = fsspec.core.url_to_fs(options.path, **options.storage_options)
     except (ImportError, ValueError) as exc:
         raise CorpusError(f"{options.path}: cannot open this storage: {exc}") from exc
-    if _has_glob(pattern):
-        return CorpusRoot(fs, _glob_root(pattern), pattern, "glob")
+    if has_glob(pattern):
+        return CorpusRoot(fs, glob_root(pattern), pattern, "glob")
     try:
         info = fs.info(pattern)
     except FileNotFoundError as exc:
@@ -93,6 +93,8 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
     A directory is walked recursively, leaving out hidden (``.``) and ``_``-prefixed files and
     folders (``_SUCCESS``, ``.ipynb_checkpoints``); a glob leaves them out too (as a shell does)
     unless one of its own components starts with that character; a single file is taken as given.
+    A directory or a glob also leaves out ``options.exclude`` (the job's output inside the corpus),
+    so a run never reads its own vectors and reports back as documents.
     """
     root = resolve_root(options)
     if root.kind == "builtin":
@@ -115,12 +117,14 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
         if info.get("type", "file") != "file":
             continue
         relative = root.relative(url)
-        if root.kind != "file" and _is_hidden(relative, asked):
+        if root.kind != "file" and (_is_hidden(relative, asked) or _is_excluded(relative, options.exclude)):
             continue
         files.append(SourceFile(relative, url, fingerprint(info), _size(info)))
     if not files:
-        raise CorpusMismatch("no file matches this corpus path (hidden and _-prefixed files are left out); "
-                             "check corpus.path", file=options.path)
+        left_out = "hidden and _-prefixed files" + (f", and the output ({', '.join(options.exclude)}/)"
+                                                     if options.exclude else "")
+        raise CorpusMismatch(f"no file matches this corpus path ({left_out} are left out); check corpus.path",
+                             file=options.path)
     files.sort(key=lambda f: f.path)
     return root, files
 
@@ -140,15 +144,16 @@ def fingerprint(info: Mapping[str, Any]) -> str:
     return f"size={size}"
 
 
-def _has_glob(path: str) -> bool:
+def has_glob(path: str) -> bool:
+    """Whether ``path`` holds a wildcard (``*``, ``?``, ``[``)."""
     return any(ch in _GLOB_CHARS for ch in path)
 
 
-def _glob_root(pattern: str) -> str:
+def glob_root(pattern: str) -> str:
     """The directory part of a glob before its first wildcard component."""
     parts = pattern.split("/")
     for index, part in enumerate(parts):
-        if _has_glob(part):
+        if has_glob(part):
             return "/".join(parts[:index])
     return posixpath.dirname(pattern)
 
@@ -162,6 +167,10 @@ def _asked_prefixes(root: CorpusRoot) -> tuple[str, ...]:
 def _is_hidden(relative: str, asked: tuple[str, ...] = ()) -> bool:
     hidden = tuple(char for char in "._" if char not in asked)
     return bool(hidden) and any(part.startswith(hidden) for part in relative.split("/"))
+
+
+def _is_excluded(relative: str, exclude: tuple[str, ...]) -> bool:
+    return any(relative == folder or relative.startswith(folder + "/") for folder in exclude)
 
 
 def _size(info: Mapping[str, Any]) -> int | None:

@@ -31,6 +31,9 @@ class CorpusOptions:
     shard_docs: int = DEFAULT_SHARD_DOCS
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     on_bad_file: str = ON_BAD_FILE_FAIL
+    exclude: tuple[str, ...] = ()
+    """Folders under the corpus root (relative to it, POSIX) whose files are never corpus: the job's
+    own output when it lies inside the corpus (``corpus/overlap.py``). Not part of any shard id."""
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,19 @@ committed, ``rows``, ``rejects``). ``finish`` receives the run's final report (`
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Any, Protocol
 
 import orjson
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 PLAIN_INTERVAL_S = 10.0
+ETA_MIN_SPAN_S = 5.0
+"""Seconds of documents coming back, after the first shard finished, before an ETA is shown."""
 
 
 class Reporter(Protocol):
@@ -129,21 +131,6 @@ class JsonLinesReporter(SilentReporter):
                   errors=report.get("errors", [])[:5])
 
 
-class JsonLogHandler(logging.Handler):
-    """Python log records (fleet, client, warnings) as JSON lines through a :class:`JsonLinesReporter`,
-    so that with ``--log-format json`` every line of the run's log has the same shape and run id."""
-
-    def __init__(self, reporter: JsonLinesReporter) -> None:
-        super().__init__()
-        self.reporter = reporter
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.reporter.emit("log", record.levelname.lower(), logger=record.name, message=record.getMessage())
-        except Exception:  # a log line must never break the run
-            self.handleError(record)
-
-
 class ReportCapture(SilentReporter):
     """Keeps the final report it is given, whatever way the run ended (for ``run --json``)."""
 
@@ -158,14 +145,41 @@ class ReportCapture(SilentReporter):
 WARNING_EVENTS = frozenset({"server_fault", "shard_failed", "shard_not_committed", "lock_taken_over"})
 
 
+class Eta:
+    """Time left, from the rate of real progress only: none until it can be measured.
+
+    The first shard to finish carries the run's start-up (workers starting, the first requests),
+    so a rate counted from the start foretells a run many times too long (59 s shown, 2 s left).
+    The rate is measured from the first finished shard on, over the documents that finished after
+    it, and only once :data:`ETA_MIN_SPAN_S` seconds have passed since: before that, no ETA.
+    """
+
+    def __init__(self) -> None:
+        self._first: tuple[float, int] | None = None  # when the first shard finished, documents done then
+
+    def seconds_left(self, done: int, total: int, now: float) -> float | None:
+        """Seconds until ``total`` documents are done, ``done`` of them now; ``None`` while unmeasured."""
+        if self._first is None:
+            if done > 0:
+                self._first = (now, done)
+            return None
+        since, measured = now - self._first[0], done - self._first[1]
+        if since < ETA_MIN_SPAN_S or measured <= 0 or done >= total:
+            return None
+        return (total - done) * since / measured
+
+
 class LineReporter(SilentReporter):
     """One line per milestone and at most one progress line every ``interval`` seconds."""
 
-    def __init__(self, stream: IO[str], interval: float = PLAIN_INTERVAL_S) -> None:
+    def __init__(self, stream: IO[str], interval: float = PLAIN_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
         self.interval = interval
+        self.clock = clock
         self._shards = self._documents = self._done_shards = self._done_documents = 0
-        self._started = self._last = time.monotonic()
+        self._started = self._last = clock()
+        self._eta = Eta()
 
     def _print(self, text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {text}", file=self.stream, flush=True)
@@ -175,18 +189,19 @@ class LineReporter(SilentReporter):
 
     def start(self, shards: int, documents: int) -> None:
         self._shards, self._documents = shards, documents
-        self._started = self._last = time.monotonic()
+        self._started = self._last = self.clock()
+        self._eta = Eta()
         self._print(f"embedding {documents:,} documents in {shards:,} shards")
 
     def advance(self, shards: int, documents: int, **fields: Any) -> None:
         self._done_shards += shards
         self._done_documents += documents
-        now = time.monotonic()
+        now = self.clock()
+        left = self._eta.seconds_left(self._done_documents, self._documents, now)
         if now - self._last >= self.interval or self._done_shards == self._shards:
             self._last = now
             rate = self._done_documents / max(now - self._started, 1e-9)
-            left = max(self._documents - self._done_documents, 0)
-            eta = f", ETA {left / rate:.0f}s" if rate > 0 and left else ""
+            eta = f", ETA {left:.0f}s" if left is not None else ""
             self._print(f"shards {self._done_shards}/{self._shards}, documents "
                         f"{self._done_documents:,}/{self._documents:,}, {rate:,.0f} docs/s{eta}")
 
@@ -198,11 +213,12 @@ class LiveReporter(SilentReporter):
         self.console = Console(file=stream)
         self.progress = Progress(
             TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("docs · {task.fields[rate]} docs/s · shards {task.fields[shards]}"),
-            TimeRemainingColumn(), console=self.console, transient=False)
+            TextColumn("docs · {task.fields[rate]} docs/s · shards {task.fields[shards]} · ETA {task.fields[eta]}"),
+            console=self.console, transient=False)
         self._task: TaskID | None = None
         self._shards = self._done_shards = 0
         self._started = time.monotonic()
+        self._eta = Eta()
 
     def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
         self.console.print(text, highlight=False, markup=False)
@@ -211,16 +227,19 @@ class LiveReporter(SilentReporter):
         self._shards = shards
         self._started = time.monotonic()
         self.progress.start()
-        self._task = self.progress.add_task("embed", total=documents, rate="-", shards=f"0/{shards}")
+        self._task = self.progress.add_task("embed", total=documents, rate="-", shards=f"0/{shards}", eta="-")
 
     def advance(self, shards: int, documents: int, **fields: Any) -> None:
         if self._task is None:
             return
         self._done_shards += shards
         self.progress.advance(self._task, documents)
-        done = self.progress.tasks[0].completed
-        rate = done / max(time.monotonic() - self._started, 1e-9)
-        self.progress.update(self._task, rate=f"{rate:,.0f}", shards=f"{self._done_shards}/{self._shards}")
+        task = self.progress.tasks[0]
+        now = time.monotonic()
+        rate = task.completed / max(now - self._started, 1e-9)
+        left = self._eta.seconds_left(int(task.completed), int(task.total or 0), now)
+        self.progress.update(self._task, rate=f"{rate:,.0f}", shards=f"{self._done_shards}/{self._shards}",
+                             eta="-" if left is None else f"{left:.0f}s")
 
     def stop(self) -> None:
         if self._task is not None:

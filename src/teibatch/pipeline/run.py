@@ -12,6 +12,7 @@ from typing import Any
 import ray
 
 from teibatch.corpus import Shard, keep_field_types, plan_shards, probe_corpus
+from teibatch.corpus.overlap import exclusion_note
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.endpoint import Endpoint
 from teibatch.errors import (
@@ -89,7 +90,10 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     started = time.monotonic()
     store = OutputStore(job.output.path, job.output.storage_options)
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
-    probe_corpus(job.corpus_options())  # a corpus that does not fit the job stops here, before any server
+    corpus = job.corpus_options()  # an output that is the corpus, or holds it, stops here
+    probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
+    if (note := exclusion_note(corpus)) is not None:
+        reporter.message(note, event="output_left_out")
     store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
     lock = OutputLock(store, summary.run_id)
     lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing

@@ -59,6 +59,7 @@ class ShardOutcome:
     rows: int
     rejects: int
     reused: int = 0
+    truncated: int = 0  # embedded now from a cut text (the ``truncated`` column), reused ones not counted
     reject_reasons: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     node: str | None = None
@@ -195,6 +196,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     failed: list[Reject] = []
     unfinished: list[Failure] = []
+    truncated = 0
     with VectorsPart(context.schema, context.write) as part:
         rows = _RowsInOrder(part, context.schema, documents, hashes, reused)
         # Reading streams into the senders (the first chunk is on its way before the shard is read), and
@@ -209,6 +211,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                     failed.append(Reject(documents[positions[failure.position]].id, failure.reason, failure.detail))
             if not unfinished:  # else nothing is written: the part is not worth encoding
                 rows.add(positions, result)
+                truncated += int(np.count_nonzero(result.truncated & result.ok))
         read = len(documents) + len(rejects)
         if unfinished:
             return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=len(reused),
@@ -223,7 +226,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
         crashpoint("shard-write")
         part.commit(store, VECTORS_DIR, shard.id)
     return ShardOutcome(
-        shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused),
+        shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused), truncated=truncated,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
     )

@@ -27,6 +27,7 @@ class RunSummary:
     documents_read: int = 0
     embedded: int = 0
     reused: int = 0
+    truncated: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     nodes: Counter[str] = field(default_factory=Counter)
     worker_peak_rss_mb: float = 0.0
@@ -49,6 +50,7 @@ class RunSummary:
         self.documents_read += outcome.read
         self.embedded += outcome.rows - outcome.reused
         self.reused += outcome.reused
+        self.truncated += outcome.truncated
         self.rejected.update(outcome.reject_reasons)
         if outcome.node:
             self.nodes[outcome.node] += 1
@@ -60,7 +62,7 @@ class RunSummary:
             "run_id": self.run_id, "status": self.status, "teibatch_version": __version__,
             "shards": {"total": self.shards_total, "skipped_committed": self.shards_skipped,
                        "committed": self.shards_committed, "failed": self.shards_failed},
-            "documents": {"read": self.documents_read, "embedded": self.embedded,
+            "documents": {"read": self.documents_read, "embedded": self.embedded, "truncated": self.truncated,
                           "skipped_unchanged": self.reused, "rejected": self.rejected_total,
                           "waiting_for_servers": self.unfinished,
                           "rejected_by_reason": dict(sorted(self.rejected.items()))},

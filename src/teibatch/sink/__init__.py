@@ -14,7 +14,7 @@ from teibatch.sink.parts import (
     warm_up,
     write_part,
 )
-from teibatch.sink.report import RUNS_DIR, latest_report, write_report
+from teibatch.sink.report import RUNS_DIR, RunChoice, choose_run, latest_report, run_ids, write_report
 from teibatch.sink.status import output_status
 from teibatch.sink.store import OutputStore
 
@@ -28,16 +28,19 @@ __all__ = [
     "Manifest",
     "OutputLock",
     "OutputStore",
+    "RunChoice",
     "ShardEntry",
     "VectorSchema",
     "VectorsPart",
     "WriteOptions",
+    "choose_run",
     "latest_report",
     "output_status",
     "read_vectors",
     "rejects_table",
     "remove_stale",
     "remove_uncommitted_temp",
+    "run_ids",
     "vectors_table",
     "warm_up",
     "write_part",

@@ -103,8 +103,8 @@ class OutputLock:
             raise OutputLocked(f"another teibatch run took over the stale lock of {self.store.url} first"
                                f"{': ' + winner.describe() if winner else ''}; this run did nothing")
         self.took_over = holder
-        if holder is not None:
-            log.warning("took over the lock of %s from %s (%s)", self.store.url, holder.describe(),
+        if holder is not None:  # the run says so itself (event lock_taken_over)
+            log.info("took over the lock of %s from %s (%s)", self.store.url, holder.describe(),
                         "its process is gone" if holder.gone() else f"no heartbeat for {holder.age_seconds():.0f}s")
         self._start_heartbeat()
 
