@@ -209,7 +209,9 @@ class OutputUnwritable(SinkError):
 class OutputMismatch(SinkError):
     """The output already holds vectors made with other model options or reading options.
 
-    Write to a new ``output.path``, or delete the old output first.
+    The message names each option that differs, the stored value and this job's
+    (``model.normalize: stored true, this job false``). Run with the stored values, write to a new
+    ``output.path``, or delete the old output first.
     """
 
     exit_code = EXIT_REFUSED

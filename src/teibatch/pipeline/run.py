@@ -18,7 +18,6 @@ from teibatch.errors import (
     CapacityUnavailable,
     CorpusMismatch,
     DimensionMismatch,
-    OutputMismatch,
     RunIncomplete,
     TeiAuthError,
     TeibatchError,
@@ -36,6 +35,7 @@ from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
+from teibatch.pipeline.same_output import open_manifest
 from teibatch.pipeline.senders import (
     SenderPlan,
     SenderRef,
@@ -105,7 +105,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
 def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summary: RunSummary, started: float,
                 store: OutputStore, provider: Provider, lock: OutputLock) -> RunSummary:
     """The run, once it holds the output's lock: every manifest write first checks it still does."""
-    manifest = _open_manifest(store, job, reporter)
+    manifest = open_manifest(store, job, reporter)
     manifest.guard = lock.check
     manifest.runs.append(summary.run_id)
     shards: list[Shard] = []
@@ -181,30 +181,6 @@ def _refuse_all_rejected(summary: RunSummary) -> None:
     raise CorpusMismatch(f"every one of the {summary.documents_read} documents read was rejected ({reasons}){hint}; "
                          "see the rejects/ folder of the output. Fix the job and run it again: an output that holds "
                          "no vectors accepts other reading options")
-
-
-def _open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manifest:
-    """The output's manifest; one made with other options is refused, unless it holds no vector at all.
-
-    An output without a single vector (say every document was rejected because ``text_field`` named
-    the wrong field) has nothing another set of options could make inconsistent: it is started afresh.
-    """
-    manifest = Manifest.load(store)
-    fingerprint = job.output_fingerprint()
-    if manifest is None:
-        return Manifest(fingerprint=fingerprint, job_name=job.name)
-    if manifest.fingerprint == fingerprint:
-        return manifest
-    if not any(entry.rows for entry in manifest.shards.values()):
-        reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options",
-                         event="output_restarted")
-        fresh = Manifest(fingerprint=fingerprint, job_name=job.name, runs=list(manifest.runs))
-        remove_stale(store, fresh, live=set())
-        return fresh
-    raise OutputMismatch(
-        f"{store.url} holds vectors made with other model options or reading options (job "
-        f"{manifest.job_name!r}); mixing them would give inconsistent vectors. Write to a new "
-        "output.path, or delete the old output first")
 
 
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:

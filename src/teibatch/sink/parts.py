@@ -23,6 +23,7 @@ METADATA_KEY = b"teibatch"
 REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
 # Columns whose values are (nearly) all different: a dictionary only costs time there (it is tried,
 # then abandoned once it outgrows its page), and vector coordinates' min/max statistics help no reader.
+FIXED_COLUMNS = ("id", "embedding", "content_hash", "truncated")  # then the kept fields, in the job's order
 UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash"})
 NO_STATISTICS = frozenset({"embedding"})
 SPILL_COPY_BYTES = 8 << 20
@@ -223,6 +224,18 @@ def read_vectors(store: OutputStore, parts: Sequence[str],
         for row, doc_id in enumerate(table.column("id").to_pylist()):
             found[doc_id] = (hashes[row], vectors[row].astype(np.float32), flags[row])
     return found
+
+
+def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """A vectors part's ``teibatch`` schema metadata and its kept fields' names, or ``None`` when the
+    part is gone or is not one of teibatch's (what an output's parts say they were made with)."""
+    try:
+        with store.fs.open(store.path(relative), "rb") as handle:
+            schema = pq.read_schema(handle)
+        metadata = orjson.loads((schema.metadata or {})[METADATA_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
+    return metadata, tuple(schema.names[len(FIXED_COLUMNS):])
 
 
 def shard_of(name: str) -> str | None:
