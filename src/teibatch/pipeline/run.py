@@ -19,6 +19,7 @@ from teibatch.errors import (
     CorpusMismatch,
     DimensionMismatch,
     RunIncomplete,
+    StorageFull,
     TeiAuthError,
     TeibatchError,
     WrongModelKind,
@@ -50,6 +51,7 @@ from teibatch.pipeline.senders import (
     streams_done,
 )
 from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
+from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
 from teibatch.sink import (
     Manifest,
@@ -90,9 +92,12 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     store = OutputStore(job.output.path, job.output.storage_options)
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
     probe_corpus(job.corpus_options())  # a corpus that does not fit the job stops here, before any server
-    store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
     lock = OutputLock(store, summary.run_id)
-    lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
+    try:
+        store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
+        lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
+    except StorageFull as exc:  # nothing is started, and no report written: the run has not begun
+        raise with_estimate(exc, job, store, None, None) from None
     try:
         if lock.took_over is not None:
             reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone",
@@ -141,6 +146,8 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
         # runs on the main thread) must still end with an honest report.
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
+    except StorageFull as exc:  # written nowhere else: a shard's own is caught by _finish
+        summary.storage_full = exc
     except TeibatchError as exc:
         summary.status = "failed"
         summary.errors.append(str(exc))
@@ -148,15 +155,25 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
     finally:
         with catch_interrupts():  # a second Ctrl-C must not cut the report short
             reporter.stop()
-            if summary.status == "done":
-                lock.check()  # parts are removed only by the run that holds the output
-                remove_stale(store, manifest, live)
-            if manifest.planned:
-                manifest.save(store)
+            try:
+                if summary.status == "done":
+                    lock.check()  # parts are removed only by the run that holds the output
+                    remove_stale(store, manifest, live)
+                if manifest.planned:
+                    manifest.save(store)  # on a full disk the old manifest stays, whole
+            except StorageFull as exc:
+                summary.storage_full = summary.storage_full or exc
+            if summary.storage_full is not None:
+                end_storage_full(job, store, manifest, shards, summary)
             summary.timings["total_s"] = time.monotonic() - started
             report = summary.to_json()
-            save_report(store, summary.run_id, report)
+            try:
+                save_report(store, summary.run_id, report)
+            except StorageFull as exc:
+                summary.storage_full = summary.storage_full or report_refused(store, report, exc)
             reporter.finish(report)
+    if summary.storage_full is not None:
+        raise summary.storage_full
     if summary.corpus_errors:
         raise CorpusMismatch(f"{len(summary.corpus_errors)} shard(s) could not be read, the others are committed: "
                              f"{summary.corpus_errors[0]}; fix the file(s) and run the same command again")
@@ -492,6 +509,9 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                     outcomes = [exc] * len(shards)
                 for shard, outcome in zip(shards, outcomes, strict=True):
                     _finish(shard, outcome, manifest, store, summary, reporter)
+            if summary.storage_full is not None:  # every other write would be refused the same way
+                summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
+                return
     finally:
         for ref in running_refs:
             ray.cancel(ref, force=True)
@@ -507,6 +527,8 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         summary.shards_failed += 1
         if isinstance(cause, CorpusMismatch):
             summary.corpus_errors.append(str(cause))
+        if isinstance(cause, StorageFull):
+            summary.storage_full = summary.storage_full or cause
         summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
         reporter.message(f"shard {shard.id} failed: {_cause(outcome)}", event="shard_failed", shard=shard.id)
         reporter.advance(1, shard.size, shard=shard.id, status="failed")
@@ -521,7 +543,12 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
     manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
-    manifest.save(store)
+    try:
+        manifest.save(store)
+    except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed
+        del manifest.shards[shard.id]
+        _finish(shard, exc, manifest, store, summary, reporter)
+        return
     crashpoint("commit")
     summary.add(outcome)
     reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows, rejects=outcome.rejects)
