@@ -118,6 +118,19 @@ def test_fingerprint_tracks_vector_options(tmp_path: Path) -> None:
     assert base.output_fingerprint() != other.output_fingerprint()
 
 
+def test_output_options_name_what_the_fingerprint_digests(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.id_field=id", "corpus.keep_fields=[title]",
+                                              "model.id=m/x", "model.prompt_name=query"])
+    assert job.output_options() == {
+        "model.id": "m/x", "model.normalize": True, "model.truncate": True, "model.truncation_direction": "right",
+        "model.prompt_name": "query", "model.dimensions": None, "model.on_too_long": "reject",
+        "corpus.id_field": "id", "corpus.text_field": "text", "corpus.keep_fields": ["title"],
+        "output.vector_type": "float32"}
+    # The digest earlier teibatch versions wrote into their manifests: their outputs keep matching.
+    assert job.output_fingerprint() == "03434e7c06abc72b"
+    assert load_job(write(tmp_path, MINIMAL)).output_fingerprint() == "21f087594bdbe65c"
+
+
 def test_shipped_jobs_are_valid() -> None:
     for path in sorted((Path(__file__).parent.parent / "jobs").glob("*.yaml")):
         load_job(path, environ={"TEI_API_KEY": "x", "GPU_HOST_1": "127.0.0.1", "GPU_HOST_2": "127.0.0.1"})

@@ -21,7 +21,8 @@ The hierarchy::
     │   ├── OutputMismatch      the output holds vectors made with other options (exit code 3)
     │   ├── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
     │   ├── OutputLocked        another run is writing this output; this one did nothing (exit code 4)
-    │   └── LockLost            another run took the output's lock over mid-run (exit code 4)
+    │   ├── LockLost            another run took the output's lock over mid-run (exit code 4)
+    │   └── StorageFull         the output's storage (or TMPDIR) is full: make room, then resume (exit 1)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
     ├── RejectsFound            --fail-on-rejects and some documents were rejected (exit code 1)
     ├── RayUnavailable          Ray could not be started or joined (exit code 1)
@@ -209,7 +210,9 @@ class OutputUnwritable(SinkError):
 class OutputMismatch(SinkError):
     """The output already holds vectors made with other model options or reading options.
 
-    Write to a new ``output.path``, or delete the old output first.
+    The message names each option that differs, the stored value and this job's
+    (``model.normalize: stored true, this job false``). Run with the stored values, write to a new
+    ``output.path``, or delete the old output first.
     """
 
     exit_code = EXIT_REFUSED
@@ -241,6 +244,26 @@ class LockLost(SinkError):
     """
 
     exit_code = EXIT_LOCKED
+
+
+class StorageFull(SinkError):
+    """The output's storage is full: no space left on the disk (``ENOSPC``), a disk quota reached
+    (``EDQUOT``), or an object store's quota or "storage full" answer. With ``temporary`` it is the
+    shard tasks' temporary directory (``TMPDIR``) instead, where each running shard encodes its part.
+
+    ``path`` names the full location; ``needed_bytes`` estimates how much more the run needs
+    (``None`` before anything says). Committed shards stay committed: make that much room, or
+    raise the quota, then run the same command again; it resumes.
+    """
+
+    exit_code = EXIT_INCOMPLETE
+
+    def __init__(self, message: str, *, path: str, needed_bytes: int | None = None,
+                 temporary: bool = False) -> None:
+        self.path = path
+        self.needed_bytes = needed_bytes
+        self.temporary = temporary
+        super().__init__(message)
 
 
 class RunIncomplete(TeibatchError):

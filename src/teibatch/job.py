@@ -245,12 +245,25 @@ class JobSpec(_Section):
                 "truncation_direction": m.truncation_direction, "prompt_name": m.prompt_name,
                 "dimensions": m.dimensions, "on_too_long": m.on_too_long}
 
-    def output_fingerprint(self) -> str:
-        """A digest of what makes two outputs comparable: the vector options and the reading options."""
+    def output_options(self) -> dict[str, Any]:
+        """What makes two outputs comparable, by job-file key: the vector options and the reading options.
+
+        The manifest keeps them beside their digest (:meth:`output_fingerprint`), so that a job whose
+        options differ from an output's is refused naming each option that changed.
+        """
         c = self.corpus
-        reading = {"id_field": c.id_field, "text_field": c.text_field, "keep_fields": list(c.keep_fields),
-                   "vector_type": self.output.vector_type}
-        blob = orjson.dumps({"vector": self.vector_options(), "reading": reading}, option=orjson.OPT_SORT_KEYS)
+        return {**{f"model.{'id' if key == 'model' else key}": value for key, value in self.vector_options().items()},
+                "corpus.id_field": c.id_field, "corpus.text_field": c.text_field,
+                "corpus.keep_fields": list(c.keep_fields), "output.vector_type": self.output.vector_type}
+
+    def output_fingerprint(self) -> str:
+        """A digest of :meth:`output_options`, in the shape earlier teibatch versions digested (their
+        outputs keep matching): ``{"vector": {"model": …, "normalize": …}, "reading": {"id_field": …}}``."""
+        options = self.output_options()
+        vector = {("model" if key == "model.id" else key.removeprefix("model.")): value
+                  for key, value in options.items() if key.startswith("model.")}
+        reading = {key.partition(".")[2]: value for key, value in options.items() if not key.startswith("model.")}
+        blob = orjson.dumps({"vector": vector, "reading": reading}, option=orjson.OPT_SORT_KEYS)
         return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 

@@ -3,9 +3,14 @@
 fsspec backends raise ``OSError`` for most refusals, but an object store's client library may raise
 its own for missing credentials or a refused request (botocore's ``NoCredentialsError`` escapes
 s3fs as it is). Those become teibatch errors naming the location, never a traceback.
+
+A full disk, a quota reached or an object store out of room is told apart (:func:`storage_full`):
+running the same command again fails the same way until space is made.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 def _storage_errors() -> tuple[type[BaseException], ...]:
@@ -21,3 +26,37 @@ def _storage_errors() -> tuple[type[BaseException], ...]:
 
 STORAGE_ERRORS = _storage_errors()
 """``OSError`` and the installed object-store clients' own errors (credentials, refused requests)."""
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""A disk with no space left, a user or project over its disk quota."""
+FULL_CODES = frozenset({
+    "QuotaExceeded",                   # Ceph RGW: the user's or the bucket's quota
+    "XMinioStorageFull",               # MinIO: its drives are below their free-space threshold
+    "XMinioAdminBucketQuotaExceeded",  # MinIO: the bucket's quota
+    "InsufficientStorage",
+})
+"""Object stores' error codes for "no room": s3fs passes them on as ``OSError(EIO)`` raised from the
+botocore ``ClientError``, whose response keeps the code."""
+INSUFFICIENT_STORAGE = 507  # the HTTP status of a store that has no room (MinIO's XMinioStorageFull)
+
+
+def storage_full(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, says the storage has no room left.
+
+    Such a write fails the same way until space is freed or a quota raised: the run must say so
+    rather than advise running it again as it is.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in FULL_ERRNOS:
+            return True
+        response = getattr(current, "response", None)  # botocore's ClientError
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in FULL_CODES or status == INSUFFICIENT_STORAGE:
+                return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from teibatch.errors import StorageFull
 from teibatch.sink import (
     Manifest,
     OutputStore,
@@ -154,3 +156,15 @@ def test_an_empty_part_and_a_forgotten_one(tmp_path: Path) -> None:
         spill = part._spill
     assert spill.closed  # leaving without a commit drops the encoded groups
     assert sorted(p.name for p in (tmp_path / "vectors").iterdir()) == ["part-empty.parquet"]
+
+
+def test_a_full_temporary_directory_is_storage_full_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # /dev/full refuses every write with ENOSPC, as a full TMPDIR does.
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **_: open("/dev/full", "w+b", buffering=0))  # noqa: SIM115
+    schema = VectorSchema(dimension=2)
+    with pytest.raises(StorageFull) as caught, VectorsPart(schema, WriteOptions(row_group_size=2)) as part:
+        part.add(vectors_table(schema, ["a", "b", "c"], np.ones((3, 2), np.float32), ["h"] * 3, {}))
+        part.commit(OutputStore(str(tmp_path)), "vectors", "s1")
+    assert caught.value.temporary and caught.value.path == tempfile.gettempdir()
+    assert caught.value.exit_code == 1
+    assert not (tmp_path / "vectors").exists()  # nothing reached the output

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from teibatch.errors import SinkError
-from teibatch.sink import OutputStore
+from teibatch.errors import SinkError, StorageFull
+from teibatch.sink import LOCK, MANIFEST, Manifest, OutputLock, OutputStore, write_report
+from tests.sink.conftest import FullDisk
 
 
 def test_write_atomic_leaves_no_temp_on_failure(tmp_path: Path) -> None:
@@ -53,3 +55,58 @@ def test_a_failed_write_to_object_storage_leaves_no_object(s3_endpoint: str, siz
     assert not boto3.client("s3", endpoint_url=s3_endpoint).list_multipart_uploads(Bucket="out").get("Uploads")
     store.write_atomic("vectors/part-x.parquet", lambda handle: handle.write(b"whole"))
     assert store.fs.cat("out/run/vectors/part-x.parquet") == b"whole"
+
+
+def test_a_full_disk_is_storage_full_and_the_old_manifest_stays_whole(
+        tmp_path: Path, full_disk: Callable[[OutputStore, int], FullDisk]) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+    manifest = Manifest(fingerprint="f", job_name="j", planned=["a", "b"], options={"model.normalize": True})
+    manifest.commit("a", rows=3, rejects=0, run_id="r1")
+    manifest.save(store)
+    before = (tmp_path / "out" / MANIFEST).read_bytes()
+    full_disk(store, 100)  # the new manifest breaks off half-way
+    manifest.commit("b", rows=4, rejects=1, run_id="r1")
+    with pytest.raises(StorageFull) as caught:
+        manifest.save(store)
+    assert caught.value.exit_code == 1 and caught.value.path == store.url
+    assert "no room left to write" in str(caught.value) and "No space left on device" in str(caught.value)
+    assert (tmp_path / "out" / MANIFEST).read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MANIFEST]  # no temp file left
+    loaded = Manifest.load(store)
+    assert loaded is not None and set(loaded.shards) == {"a"}
+
+
+def test_a_lock_that_does_not_fit_is_not_left_behind(tmp_path: Path,
+                                                     full_disk: Callable[[OutputStore, int], FullDisk]) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+    disk = full_disk(store, 20)
+    with pytest.raises(StorageFull):
+        OutputLock(store, "r1").acquire()
+    assert not (tmp_path / "out" / LOCK).exists()  # a half-written lock would refuse every later run
+    with pytest.raises(StorageFull, match="probe"):
+        store.check_writable()  # not OutputUnwritable: exit 1, not 2
+    assert list((tmp_path / "out").iterdir()) == []
+    disk.room = 1 << 20  # room again: the next run takes the output
+    lock = OutputLock(store, "r2")
+    lock.acquire()
+    lock.release()
+
+
+def test_a_report_that_does_not_fit_is_storage_full(tmp_path: Path,
+                                                    full_disk: Callable[[OutputStore, int], FullDisk]) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+    full_disk(store, 0)
+    with pytest.raises(StorageFull):
+        write_report(store, "r1", {"status": "done"})
+    assert not (tmp_path / "out" / "runs").exists() or list((tmp_path / "out" / "runs").iterdir()) == []
+
+
+def test_other_write_failures_stay_sink_errors(tmp_path: Path) -> None:
+    store = OutputStore(str(tmp_path / "out"))
+
+    def refuse(handle: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.raises(SinkError) as caught:
+        store.write_atomic("x.json", refuse)
+    assert not isinstance(caught.value, StorageFull)

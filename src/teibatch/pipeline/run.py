@@ -19,8 +19,8 @@ from teibatch.errors import (
     CapacityUnavailable,
     CorpusMismatch,
     DimensionMismatch,
-    OutputMismatch,
     RunIncomplete,
+    StorageFull,
     TeiAuthError,
     TeibatchError,
     WrongModelKind,
@@ -37,6 +37,7 @@ from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
+from teibatch.pipeline.same_output import open_manifest
 from teibatch.pipeline.senders import (
     SenderPlan,
     SenderRef,
@@ -51,6 +52,7 @@ from teibatch.pipeline.senders import (
     streams_done,
 )
 from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
+from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
 from teibatch.sink import (
     Manifest,
@@ -94,9 +96,12 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
     if (note := exclusion_note(corpus)) is not None:
         reporter.message(note, event="output_left_out")
-    store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
     lock = OutputLock(store, summary.run_id)
-    lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
+    try:
+        store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
+        lock.acquire()  # another run writing this output: OutputLocked, and this run has written nothing
+    except StorageFull as exc:  # nothing is started, and no report written: the run has not begun
+        raise with_estimate(exc, job, store, None, None) from None
     try:
         if lock.took_over is not None:
             reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone",
@@ -109,7 +114,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
 def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summary: RunSummary, started: float,
                 store: OutputStore, provider: Provider, lock: OutputLock) -> RunSummary:
     """The run, once it holds the output's lock: every manifest write first checks it still does."""
-    manifest = _open_manifest(store, job, reporter)
+    manifest = open_manifest(store, job, reporter)
     manifest.guard = lock.check
     manifest.runs.append(summary.run_id)
     shards: list[Shard] = []
@@ -145,6 +150,8 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
         # runs on the main thread) must still end with an honest report.
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
+    except StorageFull as exc:  # written nowhere else: a shard's own is caught by _finish
+        summary.storage_full = exc
     except TeibatchError as exc:
         summary.status = "failed"
         summary.errors.append(str(exc))
@@ -152,15 +159,25 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
     finally:
         with catch_interrupts():  # a second Ctrl-C must not cut the report short
             reporter.stop()
-            if summary.status == "done":
-                lock.check()  # parts are removed only by the run that holds the output
-                remove_stale(store, manifest, live)
-            if manifest.planned:
-                manifest.save(store)
+            try:
+                if summary.status == "done":
+                    lock.check()  # parts are removed only by the run that holds the output
+                    remove_stale(store, manifest, live)
+                if manifest.planned:
+                    manifest.save(store)  # on a full disk the old manifest stays, whole
+            except StorageFull as exc:
+                summary.storage_full = summary.storage_full or exc
+            if summary.storage_full is not None:
+                end_storage_full(job, store, manifest, shards, summary)
             summary.timings["total_s"] = time.monotonic() - started
             report = summary.to_json()
-            save_report(store, summary.run_id, report)
+            try:
+                save_report(store, summary.run_id, report)
+            except StorageFull as exc:
+                summary.storage_full = summary.storage_full or report_refused(store, report, exc)
             reporter.finish(report)
+    if summary.storage_full is not None:
+        raise summary.storage_full
     if summary.corpus_errors:
         raise CorpusMismatch(f"{len(summary.corpus_errors)} shard(s) could not be read, the others are committed: "
                              f"{summary.corpus_errors[0]}; fix the file(s) and run the same command again")
@@ -185,30 +202,6 @@ def _refuse_all_rejected(summary: RunSummary) -> None:
     raise CorpusMismatch(f"every one of the {summary.documents_read} documents read was rejected ({reasons}){hint}; "
                          "see the rejects/ folder of the output. Fix the job and run it again: an output that holds "
                          "no vectors accepts other reading options")
-
-
-def _open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manifest:
-    """The output's manifest; one made with other options is refused, unless it holds no vector at all.
-
-    An output without a single vector (say every document was rejected because ``text_field`` named
-    the wrong field) has nothing another set of options could make inconsistent: it is started afresh.
-    """
-    manifest = Manifest.load(store)
-    fingerprint = job.output_fingerprint()
-    if manifest is None:
-        return Manifest(fingerprint=fingerprint, job_name=job.name)
-    if manifest.fingerprint == fingerprint:
-        return manifest
-    if not any(entry.rows for entry in manifest.shards.values()):
-        reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options",
-                         event="output_restarted")
-        fresh = Manifest(fingerprint=fingerprint, job_name=job.name, runs=list(manifest.runs))
-        remove_stale(store, fresh, live=set())
-        return fresh
-    raise OutputMismatch(
-        f"{store.url} holds vectors made with other model options or reading options (job "
-        f"{manifest.job_name!r}); mixing them would give inconsistent vectors. Write to a new "
-        "output.path, or delete the old output first")
 
 
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
@@ -520,6 +513,9 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                     outcomes = [exc] * len(shards)
                 for shard, outcome in zip(shards, outcomes, strict=True):
                     _finish(shard, outcome, manifest, store, summary, reporter)
+            if summary.storage_full is not None:  # every other write would be refused the same way
+                summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
+                return
     finally:
         for ref in running_refs:
             ray.cancel(ref, force=True)
@@ -535,6 +531,8 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         summary.shards_failed += 1
         if isinstance(cause, CorpusMismatch):
             summary.corpus_errors.append(str(cause))
+        if isinstance(cause, StorageFull):
+            summary.storage_full = summary.storage_full or cause
         summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
         reporter.message(f"shard {shard.id} failed: {_cause(outcome)}", event="shard_failed", shard=shard.id)
         reporter.advance(1, shard.size, shard=shard.id, status="failed")
@@ -549,7 +547,12 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
     manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
-    manifest.save(store)
+    try:
+        manifest.save(store)
+    except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed
+        del manifest.shards[shard.id]
+        _finish(shard, exc, manifest, store, summary, reporter)
+        return
     crashpoint("commit")
     summary.add(outcome)
     reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows, rejects=outcome.rejects)

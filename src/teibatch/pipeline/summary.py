@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from teibatch import __version__
+from teibatch.errors import StorageFull
 from teibatch.pipeline.progress import SilentReporter
 from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb
 
@@ -40,6 +41,7 @@ class RunSummary:
     progress: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     cost: dict[str, Any] | None = None  # what the rented instances cost, when the provider rents
+    storage_full: StorageFull | None = None  # what stopped the run: no room left where it writes
 
     @property
     def rejected_total(self) -> int:
@@ -73,6 +75,8 @@ class RunSummary:
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
             **({"cost": self.cost} if self.cost is not None else {}),
+            **({"storage_full": {"path": self.storage_full.path, "needed_bytes": self.storage_full.needed_bytes,
+                                 "temporary": self.storage_full.temporary}} if self.storage_full is not None else {}),
         }
 
 

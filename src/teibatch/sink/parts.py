@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +14,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from teibatch.errors import StorageFull
 from teibatch.sink.store import OutputStore
+from teibatch.storage_errors import storage_full
 
 VECTORS_DIR = "vectors"
 REJECTS_DIR = "rejects"
@@ -23,6 +25,7 @@ METADATA_KEY = b"teibatch"
 REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
 # Columns whose values are (nearly) all different: a dictionary only costs time there (it is tried,
 # then abandoned once it outgrows its page), and vector coordinates' min/max statistics help no reader.
+FIXED_COLUMNS = ("id", "embedding", "content_hash", "truncated")  # then the kept fields, in the job's order
 UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash"})
 NO_STATISTICS = frozenset({"embedding"})
 SPILL_COPY_BYTES = 8 << 20
@@ -140,8 +143,9 @@ class VectorsPart:
     def __init__(self, schema: VectorSchema, options: WriteOptions) -> None:
         self._arrow = schema.arrow()
         self._group = max(1, options.row_group_size)
-        self._spill = tempfile.TemporaryFile(prefix="teibatch-part-")  # noqa: SIM115 (closed by close())
-        self._writer = pq.ParquetWriter(self._spill, self._arrow, **_parquet_options(self._arrow, options))
+        with _spilling():
+            self._spill = tempfile.TemporaryFile(prefix="teibatch-part-")  # noqa: SIM115 (closed by close())
+            self._writer = pq.ParquetWriter(self._spill, self._arrow, **_parquet_options(self._arrow, options))
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self.rows = 0
@@ -154,7 +158,8 @@ class VectorsPart:
         if self._pending_rows >= self._group:
             pending = pa.concat_tables(self._pending)
             full = self._pending_rows - self._pending_rows % self._group
-            self._writer.write_table(pending.slice(0, full), row_group_size=self._group)
+            with _spilling():
+                self._writer.write_table(pending.slice(0, full), row_group_size=self._group)
             self._pending = [pending.slice(full)]
             self._pending_rows -= full
 
@@ -165,11 +170,12 @@ class VectorsPart:
 
     def commit(self, store: OutputStore, directory: str, shard_id: str) -> str:
         """Encode the rest, write the part as ``<directory>/part-<shard>.parquet``; return its relative path."""
-        if self._pending_rows or not self.rows:  # an empty part still gets its (empty) row group
-            rest = pa.concat_tables(self._pending) if self._pending else self._arrow.empty_table()
-            self._writer.write_table(rest, row_group_size=self._group)
-        self._pending, self._pending_rows = [], 0
-        self._writer.close()
+        with _spilling():
+            if self._pending_rows or not self.rows:  # an empty part still gets its (empty) row group
+                rest = pa.concat_tables(self._pending) if self._pending else self._arrow.empty_table()
+                self._writer.write_table(rest, row_group_size=self._group)
+            self._pending, self._pending_rows = [], 0
+            self._writer.close()
         self._spill.seek(0)
         relative = part_path(directory, shard_id)
         store.write_atomic(relative, lambda handle: shutil.copyfileobj(self._spill, handle, SPILL_COPY_BYTES))
@@ -186,6 +192,19 @@ class VectorsPart:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _spilling() -> Iterator[None]:
+    """Encoding into a spill file: no room left in the temporary directory is :class:`StorageFull` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        if not storage_full(exc):
+            raise
+        directory = tempfile.gettempdir()
+        raise StorageFull(f"no room left to encode a part in {directory}: {exc}", path=directory,
+                          temporary=True) from exc
 
 
 def warm_up() -> None:
@@ -223,6 +242,18 @@ def read_vectors(store: OutputStore, parts: Sequence[str],
         for row, doc_id in enumerate(table.column("id").to_pylist()):
             found[doc_id] = (hashes[row], vectors[row].astype(np.float32), flags[row])
     return found
+
+
+def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tuple[str, ...]] | None:
+    """A vectors part's ``teibatch`` schema metadata and its kept fields' names, or ``None`` when the
+    part is gone or is not one of teibatch's (what an output's parts say they were made with)."""
+    try:
+        with store.fs.open(store.path(relative), "rb") as handle:
+            schema = pq.read_schema(handle)
+        metadata = orjson.loads((schema.metadata or {})[METADATA_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
+    return metadata, tuple(schema.names[len(FIXED_COLUMNS):])
 
 
 def shard_of(name: str) -> str | None:

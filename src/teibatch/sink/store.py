@@ -11,8 +11,8 @@ import fsspec
 import orjson
 from fsspec.implementations.local import LocalFileSystem
 
-from teibatch.errors import OutputUnwritable, SinkError
-from teibatch.storage_errors import STORAGE_ERRORS
+from teibatch.errors import OutputUnwritable, SinkError, StorageFull
+from teibatch.storage_errors import STORAGE_ERRORS, storage_full
 
 TEMP_MARK = ".tmp-"
 
@@ -23,6 +23,7 @@ class OutputStore:
     :meth:`write_atomic` makes a file visible only whole: on a local disk it writes a hidden
     temporary file and renames it; on object stores the upload completes only when the write did
     (one PUT, or a multipart upload's completion), and a failed write is dropped (:func:`_abandon`).
+    A write refused for want of room raises :class:`StorageFull`, any other :class:`SinkError`.
     """
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -63,8 +64,14 @@ class OutputStore:
             finally:
                 if self.fs.exists(temp):
                     self.fs.rm(temp)
-        except OSError as exc:
-            raise SinkError(f"cannot write {self.url}/{relative}: {exc}") from exc
+        except STORAGE_ERRORS as exc:
+            raise self._write_error(relative, exc) from exc
+
+    def _write_error(self, relative: str, exc: BaseException) -> SinkError:
+        """What a failed write of ``relative`` raises: :class:`StorageFull` when there is no room left."""
+        if storage_full(exc):
+            return StorageFull(f"no room left to write {self.url}/{relative}: {exc}", path=self.url)
+        return SinkError(f"cannot write {self.url}/{relative}: {exc}")
 
     def write_json(self, relative: str, data: Any) -> None:
         blob = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
@@ -95,17 +102,22 @@ class OutputStore:
         """Write ``data`` at ``relative`` only if nothing is there; raise ``FileExistsError`` otherwise.
 
         Local disks create with ``O_EXCL``; object stores send ``If-None-Match: *`` (AWS S3 and
-        compatible stores that honour it, moto's server included).
+        compatible stores that honour it, moto's server included). A local file created but not
+        written whole (a full disk) is removed: nobody could read it, and it would stand in the way.
         """
         final = self.path(relative)
+        created = False
         try:
             self.fs.makedirs(final.rpartition("/")[0], exist_ok=True)
             with self.fs.open(final, "xb") as handle:
+                created = True
                 handle.write(data)
         except FileExistsError:
             raise
-        except OSError as exc:
-            raise SinkError(f"cannot write {self.url}/{relative}: {exc}") from exc
+        except STORAGE_ERRORS as exc:
+            if created and self.is_local:  # an object store's failed PUT left nothing
+                self.remove(relative)
+            raise self._write_error(relative, exc) from exc
 
     def list(self, relative_dir: str) -> list[str]:
         """Names of the files directly in ``relative_dir`` (empty when it does not exist)."""
@@ -126,12 +138,26 @@ class OutputStore:
                 handle.write(b"teibatch write probe\n")
             self.fs.rm(self.path(probe))
         except STORAGE_ERRORS as exc:
+            if storage_full(exc):
+                with contextlib.suppress(*STORAGE_ERRORS):
+                    self.remove(probe)  # created, but not written on a full disk
+                raise self._write_error(probe, exc) from exc
             raise OutputUnwritable(f"cannot write to the output {self.url}: {exc}; check output.path and its "
                             "permissions (or credentials) before running again") from exc
 
     def remove(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(relative))
+
+    def sizes(self, relative_dir: str) -> dict[str, int]:
+        """Bytes of each file directly in ``relative_dir``, by name (empty when it does not exist)."""
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(self.path(relative_dir), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {str(entry["name"]).rstrip("/").rpartition("/")[2]: int(entry.get("size") or 0)
+                for entry in entries if entry.get("type") == "file"}
 
 
 def _abandon(handle: Any) -> None:
