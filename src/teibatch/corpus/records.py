@@ -18,6 +18,12 @@ ON_BAD_FILE = (ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT)
 """What a file that cannot be read to its end does: fail its shard (``CorpusMismatch``, the default),
 or reject what cannot be read as ``malformed_record`` and keep the rows before it."""
 
+KEEP_FIELDS_STRICT = "strict"
+KEEP_FIELDS_STRINGIFY = "stringify"
+KEEP_FIELDS_TYPES = (KEEP_FIELDS_STRICT, KEEP_FIELDS_STRINGIFY)
+"""How an output types its kept fields (``kept.py``): values keep their types, each field one type
+for the whole output (the default); or values of JSON, CSV and builtin sources become text."""
+
 
 @dataclass(frozen=True)
 class CorpusOptions:
@@ -31,6 +37,7 @@ class CorpusOptions:
     shard_docs: int = DEFAULT_SHARD_DOCS
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     on_bad_file: str = ON_BAD_FILE_FAIL
+    keep_fields_types: str = KEEP_FIELDS_STRICT
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class Manifest:
     runs: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
     """The shard ids of the corpus as the latest run planned it: committed or still pending."""
+    kept_fields: dict[str, Any] | None = None
+    """The kept fields' types, as ``corpus.KeptFields.to_json`` records them (``None`` before they were recorded)."""
     guard: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called before every write; raises to stop it (the run's lock check, ``sink/lock.py``)."""
 
@@ -67,7 +69,8 @@ class Manifest:
             shards = {sid: ShardEntry(**{**entry, "sources": tuple(entry.get("sources", ()))})
                       for sid, entry in data["shards"].items()}
             return cls(fingerprint=data["fingerprint"], job_name=data["job"], info=data.get("info", {}),
-                       shards=shards, runs=list(data.get("runs", [])), planned=list(data.get("planned", [])))
+                       shards=shards, runs=list(data.get("runs", [])), planned=list(data.get("planned", [])),
+                       kept_fields=data.get("kept_fields"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
                             "restore it or start a new output path") from exc
@@ -95,6 +98,7 @@ class Manifest:
             "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
             "info": self.info, "runs": self.runs, "updated_at": utc_now(), "planned": self.planned,
             "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
+            **({"kept_fields": self.kept_fields} if self.kept_fields is not None else {}),
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
         def write(handle: IO[bytes]) -> None:
