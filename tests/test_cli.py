@@ -42,15 +42,18 @@ def test_every_command_has_help_with_examples() -> None:
 
 
 def test_validate_prints_defaults(tmp_path: Path) -> None:
-    (tmp_path / "x.jsonl").write_text('{"text": "a document"}\n')
-    path = write_job(tmp_path, corpus={"path": str(tmp_path / "x.jsonl")}, output={"path": "out"})
+    (tmp_path / "x.jsonl").write_text('{"text": "a document", "n": 3, "m": [1.5]}\n{"text": "two", "n": "x"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "x.jsonl"), "keep_fields": ["n", "m"]},
+                     output={"path": "out"})
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0, result.stderr
-    assert "sampled 1 record of x.jsonl (jsonl); fields: text" in result.stderr
+    assert "sampled 2 records of x.jsonl (jsonl); fields: text, n, m" in result.stderr
+    assert "kept field types: n JSON text (int64, string disagree), m list<float64>" in result.stderr
     shown = yaml.safe_load(result.stdout)
     assert {k: shown["servers"][k] for k in ("provider", "count", "urls", "api_key_env", "startup_timeout")} == {
         "provider": "local", "count": 2, "urls": [], "api_key_env": None, "startup_timeout": 60.0}
     assert shown["model"]["truncate"] is True
+    assert shown["corpus"]["keep_fields_types"] == "strict"
 
 
 @pytest.mark.parametrize("command", [pytest.param("validate", id="validate"), pytest.param("run", id="run")])

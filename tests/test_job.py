@@ -152,3 +152,12 @@ def test_corpus_on_bad_file(tmp_path: Path) -> None:
     assert job.corpus_options().on_bad_file == "reject"
     with pytest.raises(JobSpecError, match=r"^--set corpus.on_bad_file=skip: Input should be 'fail' or 'reject'"):
         load_job(write(tmp_path, MINIMAL), ["corpus.on_bad_file=skip"])
+
+
+def test_corpus_keep_fields_types(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, MINIMAL)).corpus_options().keep_fields_types == "strict"
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.keep_fields_types=stringify"])
+    assert job.corpus_options().keep_fields_types == "stringify"
+    with pytest.raises(JobSpecError, match=r"^--set corpus.keep_fields_types=loose: Input should be 'strict' or "
+                                           r"'stringify'"):
+        load_job(write(tmp_path, MINIMAL), ["corpus.keep_fields_types=loose"])

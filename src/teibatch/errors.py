@@ -98,7 +98,8 @@ class CorpusError(TeibatchError):
 
 class CorpusMismatch(CorpusError):
     """The corpus does not fit the job: nothing matches the path, a field the job names is not in the
-    records (the message lists the fields seen), or a file cannot be parsed at all.
+    records (the message lists the fields seen), a file cannot be parsed at all, or a kept field's
+    value does not fit the type the output gives that field (``corpus.keep_fields_types``).
 
     ``file``, ``line`` and ``field`` say where when known. Fix the job's ``corpus`` section or the file.
     """

@@ -52,6 +52,7 @@ class CorpusSection(_Section):
     id_field: str | None = None
     text_field: str = DEFAULT_TEXT_FIELD
     keep_fields: tuple[str, ...] = ()
+    keep_fields_types: Literal["strict", "stringify"] = "strict"  # kept values keep their JSON types, or become text
     shard_docs: int = Field(DEFAULT_SHARD_DOCS, ge=1, le=10_000_000)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     on_bad_file: Literal["fail", "reject"] = "fail"   # a file that breaks off: fail its shard, or reject the rest
@@ -234,7 +235,8 @@ class JobSpec(_Section):
         c = self.corpus
         options = CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
                                 keep_fields=c.keep_fields, shard_docs=c.shard_docs,
-                                storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file)
+                                storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file,
+                                keep_fields_types=c.keep_fields_types)
         inside = output_inside(options, self.output.path, self.output.storage_options)
         return dataclasses.replace(options, exclude=(inside,)) if inside else options
 

@@ -13,7 +13,13 @@ from teibatch.corpus.rows import Malformed, ReadPosition, Unreadable
 
 def rows(data: bytes, start: int = 0, stop: int | None = None, *, reject: bool = False,
          delimiter: str = ",") -> list[tuple[int, Any]]:
-    return list(csv_rows(io.BytesIO(data), "c.csv", delimiter, start, stop, ReadPosition(), reject_rest=reject))
+    """``(row_number, row)`` pairs; :func:`lines` gives each row's line."""
+    return [(number, row) for number, _, row in
+            csv_rows(io.BytesIO(data), "c.csv", delimiter, start, stop, ReadPosition(), reject_rest=reject)]
+
+
+def lines(data: bytes) -> list[int | None]:
+    return [line for _, line, _ in csv_rows(io.BytesIO(data), "c.csv", ",", 0, None, ReadPosition())]
 
 
 @pytest.mark.parametrize(
@@ -73,8 +79,8 @@ def test_reject_rest_rejects_every_remaining_line() -> None:
     assert all(isinstance(row, dict) for _, row in read[:10])
     bad = [row for _, row in read[10:]]
     assert all(isinstance(row, Malformed) for row in bad)
-    assert bad[0].detail.startswith("c.csv:12: ") and "never closes" in bad[0].detail
-    assert bad[-1].detail.startswith("c.csv:1002: ")
+    assert bad[0].detail.startswith("c.csv#10 (line 12): ") and "never closes" in bad[0].detail
+    assert bad[-1].detail.startswith("c.csv#1000 (line 1002): ")
 
 
 @pytest.mark.parametrize(("start", "stop"), [(0, 300), (300, 600), (600, 1001), (5, 15), (1000, 1001)])
@@ -91,3 +97,7 @@ def test_non_utf8_byte_names_its_line_and_column() -> None:
 
 def test_tab_delimited() -> None:
     assert rows(b'id\ttext\na\t"x\ty"\n', delimiter="\t") == [(0, {"id": "a", "text": "x\ty"})]
+
+
+def test_each_row_carries_the_line_its_record_starts_on() -> None:
+    assert lines(b'id,text\n\na,"two\nlines"\nb,x\n') == [3, 5]

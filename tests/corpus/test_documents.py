@@ -20,6 +20,7 @@ from teibatch.corpus import (
 )
 from teibatch.corpus.documents import DocumentRules
 from teibatch.corpus.readers import Malformed
+from teibatch.corpus.rows import Place
 from teibatch.errors import CorpusError
 
 RULES = DocumentRules(id_field="id", text_field="text", keep_fields=("title",))
@@ -50,7 +51,7 @@ RULES = DocumentRules(id_field="id", text_field="text", keep_fields=("title",))
     ],
 )
 def test_row_to_item(row: Any, expected: Document | Reject) -> None:
-    item = RULES.to_item(row, "f#3")
+    item = RULES.to_item(row, Place("f", 3))
     if isinstance(expected, Reject):
         assert isinstance(item, Reject)
         assert (item.id, item.reason) == (expected.id, expected.reason)
@@ -72,7 +73,7 @@ def test_row_to_item(row: Any, expected: Document | Reject) -> None:
     ],
 )
 def test_json_keep_fields_become_strings(value: object, expected: str | None) -> None:
-    item = RULES.to_item({"id": "k", "text": "x", "title": value}, "f#0")
+    item = RULES.to_item({"id": "k", "text": "x", "title": value}, Place("f", 0))
     assert isinstance(item, Document)
     assert item.fields == {"title": expected}
 
@@ -94,7 +95,7 @@ def test_corpus_rejects_and_keeps_reading(kit: Any, tmp_path: Path) -> None:
     ]
     malformed = items[2]
     assert isinstance(malformed, Reject)
-    assert malformed.detail.startswith("c.jsonl:3: ")
+    assert malformed.detail.startswith("c.jsonl#2 (line 3): ")
 
 
 def test_duplicates_are_per_shard(kit: Any, tmp_path: Path) -> None:
@@ -160,3 +161,52 @@ def test_keep_field_types_leave_out_a_file_that_is_not_parquet(kit: Any, tmp_pat
     kit.write_parquet(tmp_path / "a.parquet", [{"text": "x", "n": 1}])
     (tmp_path / "b.parquet").write_bytes(b"not parquet")
     assert keep_field_types(CorpusOptions(str(tmp_path), keep_fields=("n",))) == {"n": pa.int64()}
+
+
+def test_integer_and_string_ids_collide_naming_both_lines_and_types(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "c.jsonl", [{"id": 1, "text": "one"}, {"id": "1", "text": "the string one"},
+                                                  {"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
+    items = kit.read_all(CorpusOptions(str(path), id_field="id"))
+    assert [(i.id, getattr(i, "reason", "ok")) for i in items] == [
+        ("1", "ok"), ("1", REJECT_DUPLICATE_ID), ("a", "ok"), ("a", REJECT_DUPLICATE_ID)]
+    assert items[1].detail == ('c.jsonl#1 (line 2): id "1" (string, line 2) collides with integer 1 (line 1): '
+                               "integer ids are written as decimal strings")
+    assert "(line 4)" in items[3].detail and "(line 3)" in items[3].detail  # a plain duplicate names both lines
+    assert "integer" not in items[3].detail
+
+
+def test_a_line_with_invalid_unicode_is_rejected_under_its_own_id_and_one_numbering(kit: Any, tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"id": "fine", "text": "ok"}\n\n'
+                     b'{"id": "lone", "text": "half a pair \\ud800 here"}\n'
+                     b'{"id": "bytes", "text": "caf\xe9"}\n'
+                     b'{"id": "\\udc00", "text": "bad id too"}\n'
+                     b'{"id": "broken", "text": \n')
+    items = kit.read_all(CorpusOptions(str(path), id_field="id"))
+    assert [(i.id, getattr(i, "reason", "ok")) for i in items] == [
+        ("fine", "ok"), ("lone", REJECT_MALFORMED), ("bytes", REJECT_MALFORMED), ("c.jsonl#3", REJECT_MALFORMED),
+        ("c.jsonl#4", REJECT_MALFORMED)]
+    assert items[1].detail.startswith("c.jsonl#1 (line 3): field 'text' holds text that is not valid Unicode")
+    assert items[2].detail.startswith("c.jsonl#2 (line 4): field 'text'")
+    assert items[3].detail.startswith("c.jsonl#3 (line 5): ") and items[4].detail.startswith("c.jsonl#4 (line 6): ")
+    # without an id field, the reject's id and its detail carry the same row number
+    positional = kit.read_all(CorpusOptions(str(path)))
+    assert positional[1].id == "c.jsonl#1" and positional[1].detail.startswith("c.jsonl#1 (line 3): ")
+
+
+def test_dotted_paths_reach_into_json_objects_and_parquet_structs(kit: Any, tmp_path: Path) -> None:
+    rows = [{"meta": {"id": i, "tags": {"lang": "en"}}, "doc": {"body": f"text {i}", "title": f"T{i}"},
+             "doc.title": f"literal {i}"} for i in range(3)]
+    kit.write_jsonl(tmp_path / "j" / "c.jsonl", rows)
+    kit.write_parquet(tmp_path / "p" / "c.parquet", rows)
+    for folder in ("j", "p"):
+        options = CorpusOptions(str(tmp_path / folder), id_field="meta.id", text_field="doc.body",
+                                keep_fields=("doc.title", "meta.tags.lang", "doc"))
+        items = kit.read_all(options)
+        assert [i.id for i in items] == ["0", "1", "2"], folder
+        assert items[1] == Document("1", "text 1", {"doc.title": "literal 1", "meta.tags.lang": "en",
+                                                    "doc": items[1].fields["doc"]})
+        assert items[1].fields["doc.title"] == "literal 1", "a literal key with a dot wins over the nested one"
+        assert items[1].fields["meta.tags.lang"] == "en"
+    missing = kit.read_all(CorpusOptions(str(tmp_path / "j"), text_field="doc.summary"))
+    assert {getattr(i, "reason", "ok") for i in missing} == {REJECT_MISSING_TEXT}

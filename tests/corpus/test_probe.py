@@ -105,7 +105,7 @@ def test_keep_fields_on_text_files_are_refused(tmp_path: Path) -> None:
 def test_records_that_do_not_parse(kit: Any, tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     path.write_text("id,text\na,hello\n")  # a CSV file named .jsonl
-    with pytest.raises(CorpusMismatch, match=r"none of the first 2 records parses \(first: c\.jsonl:1:"):
+    with pytest.raises(CorpusMismatch, match=r"none of the first 2 records parses \(first: c\.jsonl#0 \(line 1\):"):
         probe_corpus(CorpusOptions(str(path)))
 
 
@@ -184,3 +184,36 @@ def test_probe_over_s3(kit: Any, s3_endpoint: str) -> None:
         probe_corpus(CorpusOptions("s3://probe/docs", text_field="body", storage_options=storage))
     with pytest.raises(CorpusMismatch, match="no file matches"):
         probe_corpus(CorpusOptions("s3://probe/docs/*.csv", storage_options=storage))
+
+
+def test_an_integer_and_a_string_id_that_collide_say_so(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "c.jsonl", [{"id": 1, "text": "one"}, {"id": "1", "text": "string one"}])
+    with pytest.raises(CorpusMismatch, match="does not look like an id") as caught:
+        probe_corpus(CorpusOptions(str(path), id_field="id"))
+    assert ('(\'1\' 2 times: id "1" (string, line 2) collides with integer 1 (line 1): integer ids are written as '
+            "decimal strings)") in str(caught.value)
+    rows = [*({"id": i, "text": "t"} for i in range(50)), {"id": "7", "text": "t"}]
+    probe = probe_corpus(CorpusOptions(str(kit.write_jsonl(tmp_path / "d.jsonl", rows)), id_field="id"))
+    assert probe.repeated_ids == ("7",)
+    assert 'id "7" (string, line 51) collides with integer 7 (line 8)' in probe.summary()
+
+
+def test_plain_repeated_ids_name_where_they_were_first_seen(kit: Any, tmp_path: Path) -> None:
+    path = kit.write_jsonl(tmp_path / "c.jsonl", [{"id": "same", "text": "t"}] * 3)
+    with pytest.raises(CorpusMismatch, match=r"\('same' 3 times, first at line 1\)"):
+        probe_corpus(CorpusOptions(str(path), id_field="id"))
+
+
+def test_dotted_paths_are_found_in_json_and_parquet_and_a_missing_one_shows_the_nested_keys(
+        kit: Any, tmp_path: Path) -> None:
+    rows = [{"doc": {"id": f"r{i}", "body": f"text {i}", "meta": {"lang": "en"}}} for i in range(5)]
+    kit.write_jsonl(tmp_path / "j" / "c.jsonl", rows)
+    kit.write_parquet(tmp_path / "p" / "c.parquet", rows)
+    for folder in ("j", "p"):
+        options = CorpusOptions(str(tmp_path / folder), id_field="doc.id", text_field="doc.body",
+                                keep_fields=("doc.meta.lang",))
+        assert probe_corpus(options).rejects == {}
+        with pytest.raises(CorpusMismatch, match=r"no field 'doc\.text' .*fields seen: doc\.id, doc\.body, "
+                                                 r"doc\.meta\.lang\)") as caught:
+            probe_corpus(CorpusOptions(str(tmp_path / folder), text_field="doc.text"))
+        assert caught.value.field == "doc.text"

@@ -63,7 +63,7 @@ def test_parquet_reads_only_needed_columns_and_row_groups(kit: Any, tmp_path: Pa
     root = resolve_root(CorpusOptions(str(path)))
     fmt = FileFormat("parquet")
     rows = list(iter_rows(root.fs, str(path), fmt, "c.parquet", 5, 7, columns=["text", "x"]))
-    assert rows == [(5, {"text": "row 5 text"}), (6, {"text": "row 6 text"})]
+    assert rows == [(5, None, {"text": "row 5 text"}), (6, None, {"text": "row 6 text"})]
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,8 @@ def test_truncated_compressed_file_names_file_and_line(kit: Any, tmp_path: Path,
     assert [type(item).__name__ for item in items] == ["Document"] * (len(items) - 1) + ["Reject"]
     assert [item.id for item in items[:-1]] == [f"r{i}" for i in range(len(items) - 1)]
     last = items[-1]
-    assert last.reason == "malformed_record" and last.detail.startswith(f"{path.name}:{len(items)}: ")
+    assert last.reason == "malformed_record" and last.detail.startswith(f"{path.name}#{len(items) - 1}: ")
+    assert f"(line {len(items)})" in last.detail
 
 
 def test_zstd_files_of_several_frames_read_whole(kit: Any, tmp_path: Path) -> None:

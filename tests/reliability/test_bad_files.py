@@ -76,7 +76,8 @@ def test_csv_quote_that_never_closes_rejects_the_rest_when_asked(tmp_path: Path)
         rejects = [item for item in items if isinstance(item, Reject)]
         assert [d.id for d in documents] == [f"r{i}" for i in range(1, 11)]
         assert (len(rejects), {r.reason for r in rejects}) == (991, {REJECT_MALFORMED})
-        assert rejects[0].detail.startswith("docs.csv:12: ") and rejects[-1].detail.startswith("docs.csv:1002: ")
+        assert rejects[0].detail.startswith("docs.csv#10 (line 12): ")
+        assert rejects[-1].detail.startswith("docs.csv#1000 (line 1002): ")
 
 
 def test_legitimate_multi_line_csv_cells_are_not_refused(tmp_path: Path) -> None:

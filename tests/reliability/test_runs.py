@@ -324,11 +324,11 @@ def test_csv_quote_that_never_closes_rejects_the_rest_when_asked(tmp_path: Path,
         sent = server.stats().texts
     assert done.code == 0, done.output
     # docs/output.md, "Bad files": the rows before the bad point are embedded; one malformed_record
-    # reject for each non-blank line from the bad record to the end of the file, detail "file:line".
+    # reject for each non-blank line from the bad record to the end of the file, detail "file#row (line N)".
     state = assert_embedded_once(out, {f"r{i}": texts[f"r{i}"] for i in range(1, 11)})
     assert len(state.rejects) == 991 and set(state.rejects.values()) == {"malformed_record"}
     details = {r["detail"].split(": ", 1)[0] for r in ds.dataset(out / "rejects").to_table().to_pylist()}
-    assert details == {f"docs.csv:{line}" for line in range(12, 1003)}
+    assert details == {f"docs.csv#{line - 2} (line {line})" for line in range(12, 1003)}
     # No merged text was ever sent: only the 10 rows before the bad one, and the probe that met the server.
     assert sorted(t for t in sent if t != PROBE_TEXT) == sorted(texts[f"r{i}"] for i in range(1, 11))
     assert len(sent) == 11

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from teibatch.corpus.documents import keep_field_types
 from teibatch.corpus.hashing import content_hash
+from teibatch.corpus.kept import KeptFields, keep_field_types
 from teibatch.corpus.listing import SourceFile, list_sources
 from teibatch.corpus.probe import CorpusProbe, probe_corpus
 from teibatch.corpus.records import (
@@ -30,6 +30,7 @@ __all__ = [
     "CorpusOptions",
     "CorpusProbe",
     "Document",
+    "KeptFields",
     "Reject",
     "Shard",
     "SourceFile",

@@ -20,7 +20,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator
 
-from teibatch.corpus.rows import Malformed, ReadPosition, Row, Unreadable
+from teibatch.corpus.rows import Malformed, Place, ReadPosition, Row, Unreadable
 
 CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 """CSV cells may hold whole documents; the stdlib's default cap (128 KiB) is raised to this."""
@@ -78,8 +78,9 @@ class _Lines:
 
 
 def csv_rows(stream: Iterable[bytes], name: str, delimiter: str, start: int, stop: int | None,
-             position: ReadPosition, *, reject_rest: bool = False) -> Iterator[tuple[int, Row]]:
-    """Yield ``(row_number, row)`` for data rows ``start`` up to ``stop`` of a CSV file with a header.
+             position: ReadPosition, *, reject_rest: bool = False) -> Iterator[tuple[int, int | None, Row]]:
+    """Yield ``(row_number, line, row)`` for data rows ``start`` up to ``stop`` of a CSV file with a
+    header; ``line`` is the line the record starts on.
 
     A row maps header names to cells: a short row lacks the missing cells, extra cells are dropped,
     blank lines are not rows. ``position`` follows the reading (see ``ReadPosition``).
@@ -108,7 +109,7 @@ def csv_rows(stream: Iterable[bytes], name: str, delimiter: str, start: int, sto
             header = values
             continue
         if row >= start:
-            yield row, dict(zip(header, values, strict=False))
+            yield row, lines.record[0] if lines.record else lines.line, dict(zip(header, values, strict=False))
         row += 1
         position.row = row
 
@@ -124,7 +125,7 @@ def _describe(exc: csv.Error, lines: _Lines) -> tuple[int, str]:
 
 
 def _reject_rest(lines: _Lines, name: str, first: int, problem: str, row: int, start: int,
-                 stop: int | None, position: ReadPosition) -> Iterator[tuple[int, Row]]:
+                 stop: int | None, position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
     """One ``Malformed`` row per non-blank line from the bad record's first line to the end of the file."""
     index = 0
     while stop is None or row < stop:
@@ -134,10 +135,10 @@ def _reject_rest(lines: _Lines, name: str, first: int, problem: str, row: int, s
         number = lines.record[index]
         index += 1
         if number == first:
-            detail = f"{name}:{number}: {problem}; this row and every row after it are rejected"
+            detail = f"{problem}; this row and every row after it are rejected"
         else:
-            detail = f"{name}:{number}: not read: the CSV record on line {first} does not parse"
+            detail = f"not read: the CSV record on line {first} does not parse"
         if row >= start:
-            yield row, Malformed(detail)
+            yield row, number, Malformed(f"{Place(name, row, number)}: {detail}")
         row += 1
         position.row = row

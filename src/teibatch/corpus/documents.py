@@ -1,32 +1,34 @@
-"""Turn raw rows into ``Document``s or ``Reject``s, and say which types the kept fields have.
+"""Turn raw rows into ``Document``s or ``Reject``s.
 
 A bad row never stops a shard: it becomes a ``Reject`` with a reason code from ``records.py`` and a
-detail a person can act on.
+detail that starts with the row's place (``rows.Place``). Fields are found by path (``paths.py``:
+``doc.body`` is ``body`` inside ``doc``, unless the record has a key ``"doc.body"``).
 
 The id rule (``docs/output.md``): with ``id_field`` set, a non-empty string is the id as it is, an
 integer (not a bool) becomes its decimal string, and anything else — no such field in the record,
 an empty string, null, a bool, a float, a list or an object — rejects the row as
 ``malformed_record``. Only when the job sets no ``id_field`` (and for text files, which have no
-fields) does a row take its place as id: ``"<relative path>#<row number>"``.
+fields) does a row take its place as id: ``"<relative path>#<row number>"``. Since an integer id is
+written as its decimal string, ``1`` and ``"1"`` are one id: a shard rejects the second as a
+duplicate, saying so (``repeated_id``). A malformed row keeps its own id when a lenient reading
+could still find it (``Malformed.record``).
 
-Kept fields are strings for JSON, CSV, text and builtin sources (non-strings JSON-encoded, missing
-or null as ``None``) and native values for Parquet, so that ``keep_field_types`` can give the
-output one schema across all its parts.
+Kept fields follow the output's ``KeptFields`` (``kept.py``): a stringified field's value is JSON
+text, any other value must fit its field's type unchanged, or reading stops with a
+``CorpusMismatch`` naming the file, line, field and both types. Missing or null values are
+``None``. Without a ``KeptFields`` (a reader that writes nothing, such as the head start), values
+are as ``stringify`` has them: strings for JSON, CSV, text and builtin sources, native for Parquet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-import pyarrow as pa
-
 from teibatch.corpus.builtin import BUILTIN_ID_FIELD
-from teibatch.corpus.formats import FORMAT_BUILTIN, detect_format
-from teibatch.corpus.listing import list_sources, resolve_root
-from teibatch.corpus.readers import Malformed, Row, parquet_schema
+from teibatch.corpus.formats import FORMAT_BUILTIN
+from teibatch.corpus.kept import KeptFields, stringify, type_name, unfit
+from teibatch.corpus.paths import MISSING, lookup
 from teibatch.corpus.records import (
     REJECT_EMPTY_TEXT,
     REJECT_MALFORMED,
@@ -36,12 +38,8 @@ from teibatch.corpus.records import (
     Document,
     Reject,
 )
-from teibatch.errors import CorpusError, CorpusMismatch
-
-
-def fallback_id(relative_path: str, row_number: int) -> str:
-    """The stable id of a row without one: its file relative to the corpus root and its row number."""
-    return f"{relative_path}#{row_number}"
+from teibatch.corpus.rows import Malformed, Place, Row
+from teibatch.errors import CorpusMismatch
 
 
 @dataclass(frozen=True)
@@ -52,94 +50,113 @@ class DocumentRules:
     text_field: str
     keep_fields: tuple[str, ...]
     native: bool = False
-    """Keep field values as the source typed them (Parquet) instead of as strings."""
+    """The source types its values (Parquet): they fit the output's types by planning's check."""
+    kept: KeptFields | None = None
+    """The output's kept-field types; ``None``: values as ``stringify`` has them (module doc)."""
 
     @classmethod
-    def for_format(cls, options: CorpusOptions, fmt: str) -> DocumentRules:
+    def for_format(cls, options: CorpusOptions, fmt: str, kept: KeptFields | None = None) -> DocumentRules:
         """The rules for ``fmt``: text files take their id from the path; builtins default to ``id``."""
         id_field = options.id_field
         if fmt == "text":
             id_field = None
         elif fmt == FORMAT_BUILTIN and id_field is None:
             id_field = BUILTIN_ID_FIELD
-        return cls(id_field, options.text_field, tuple(options.keep_fields), native=fmt == "parquet")
+        return cls(id_field, options.text_field, tuple(options.keep_fields), native=fmt == "parquet", kept=kept)
 
     def columns(self) -> list[str]:
         """The fields a columnar reader needs, in a fixed order."""
         wanted = [self.id_field] if self.id_field else []
         return list(dict.fromkeys([*wanted, self.text_field, *self.keep_fields]))
 
-    def to_item(self, row: Row, fallback: str) -> Document | Reject:
-        """A ``Document``, or a ``Reject`` saying why the row cannot be embedded."""
+    def to_item(self, row: Row, place: Place) -> Document | Reject:
+        """A ``Document``, or a ``Reject`` saying why the row cannot be embedded.
+
+        Raises ``CorpusMismatch`` when a kept value does not fit the output's type for its field.
+        """
         if isinstance(row, Malformed):
-            return Reject(fallback, REJECT_MALFORMED, row.detail)
-        doc_id = self.id_of(row, fallback)
+            own = self.id_of(row.record, place) if row.record is not None and self.id_field else None
+            return Reject(own if isinstance(own, str) and _writable(own) else place.id, REJECT_MALFORMED, row.detail)
+        doc_id = self.id_of(row, place)
         if isinstance(doc_id, Reject):
             return doc_id
-        if self.text_field not in row:
-            return Reject(doc_id, REJECT_MISSING_TEXT, f"{fallback}: no field {self.text_field!r}")
-        text = row[self.text_field]
+        text = lookup(row, self.text_field)
+        if text is MISSING:
+            return Reject(doc_id, REJECT_MISSING_TEXT, f"{place}: no field {self.text_field!r}")
         if not isinstance(text, str):
             kind = "null" if text is None else type(text).__name__
             return Reject(doc_id, REJECT_NON_STRING_TEXT,
-                          f"{fallback}: field {self.text_field!r} holds {kind}, not a string")
+                          f"{place}: field {self.text_field!r} holds {kind}, not a string")
         if not text.strip():
-            return Reject(doc_id, REJECT_EMPTY_TEXT, f"{fallback}: field {self.text_field!r} is empty")
-        return Document(doc_id, text, {name: self._kept(row.get(name)) for name in self.keep_fields})
+            return Reject(doc_id, REJECT_EMPTY_TEXT, f"{place}: field {self.text_field!r} is empty")
+        return Document(doc_id, text, {name: self._kept(name, lookup(row, name), place) for name in self.keep_fields})
 
-    def id_of(self, row: dict[str, Any], fallback: str) -> str | Reject:
+    def id_of(self, row: dict[str, Any], place: Place) -> str | Reject:
         """The row's id under the id rule (module doc), or a ``malformed_record`` ``Reject``."""
         if not self.id_field:
-            return fallback
-        if self.id_field not in row:
-            return Reject(fallback, REJECT_MALFORMED, f"{fallback}: no id field {self.id_field!r} in this record")
-        value = row[self.id_field]
+            return place.id
+        value = lookup(row, self.id_field)
+        if value is MISSING:
+            return Reject(place.id, REJECT_MALFORMED, f"{place}: no id field {self.id_field!r} in this record")
         if isinstance(value, str) and value:
             return value
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         kind = "an empty string" if value == "" else "null" if value is None else type(value).__name__
-        return Reject(fallback, REJECT_MALFORMED,
-                      f"{fallback}: id field {self.id_field!r} holds {kind}; "
+        return Reject(place.id, REJECT_MALFORMED,
+                      f"{place}: id field {self.id_field!r} holds {kind}; "
                       "ids must be non-empty strings or integers")
 
-    def _kept(self, value: Any) -> Any:
-        if self.native or value is None or isinstance(value, str):
+    def integer_id(self, row: Row) -> bool:
+        """Whether the row's id field holds an integer (its id is then the integer's decimal string)."""
+        if not self.id_field or isinstance(row, Malformed):
+            return False
+        value = lookup(row, self.id_field)
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def _kept(self, name: str, value: Any, place: Place) -> Any:
+        if value is MISSING:
+            return None
+        if self.kept is None:
+            return value if self.native else stringify(value)
+        if name in self.kept.stringified:
+            return stringify(value)
+        kind = self.kept.types[name]
+        if self.native or (what := unfit(value, kind)) is None:
             return value
-        try:
-            return orjson.dumps(value).decode()
-        except TypeError:
-            return str(value)
+        where = f"row {place.row}: " if place.line is None else ""
+        raise CorpusMismatch(
+            f"{where}kept field {name!r} holds {what}, but the output's column {name!r} is {type_name(kind)}; "
+            f"fix the record and run the same command again, or set corpus.keep_fields_types: stringify to write "
+            f"{name!r} as JSON text (in a new output.path if this one already holds vectors)",
+            file=place.path, line=place.line, field=name)
 
 
-def keep_field_types(options: CorpusOptions, files: Iterable[str] | None = None) -> dict[str, pa.DataType]:
-    """The Arrow type of each kept field, the same for every output part.
+@dataclass(frozen=True)
+class IdSeen:
+    """Where a shard first saw an id, and whether the record held it as an integer."""
 
-    ``files`` are source paths relative to the corpus root (``Shard.sources``); ``None`` lists the
-    corpus. JSON, CSV, text and builtin fields are strings; a Parquet field has its column's type
-    (string when no file has the column). Parquet files that disagree on a type raise ``CorpusError``;
-    a file that is not readable Parquet is left out (reading its shard reports it).
-    """
-    if not options.keep_fields:
-        return {}
-    if files is None:
-        root, listed = list_sources(options)
-        paths = [source.path for source in listed]
-    else:
-        root, paths = resolve_root(options), list(dict.fromkeys(files))
-    found: dict[str, tuple[pa.DataType, str]] = {}
-    for path in paths:
-        fmt = detect_format(path, options.format)
-        try:
-            schema = parquet_schema(root.fs, root.url(path), path) if fmt.name == "parquet" else None
-        except CorpusMismatch:
-            continue  # not Parquet at all: its own shard reports it (see readers.py)
-        for name in options.keep_fields:
-            if schema is not None and schema.get_field_index(name) < 0:
-                continue
-            kind = schema.field(name).type if schema is not None else pa.string()
-            seen = found.setdefault(name, (kind, path))
-            if seen[0] != kind:
-                raise CorpusError(f"keep field {name!r} is {seen[0]} in {seen[1]} but {kind} in {path}; "
-                                  "the output needs one type per field")
-    return {name: found.get(name, (pa.string(), ""))[0] for name in options.keep_fields}
+    place: Place
+    integer: bool
+
+
+def repeated_id(doc_id: str, first: IdSeen, again: IdSeen) -> str:
+    """Why a record whose id was seen before is a duplicate: both records' places and, when only the
+    rule that writes integers as decimal strings made the ids equal, both types."""
+    if first.integer != again.integer:
+        def typed(seen: IdSeen) -> str:
+            return f"integer {doc_id}" if seen.integer else f'string "{doc_id}"'
+
+        kind = "integer" if again.integer else "string"
+        return (f'id "{doc_id}" ({kind}, {again.place.short}) collides with {typed(first)} ({first.place.short}): '
+                "integer ids are written as decimal strings")
+    return f"id {doc_id!r} ({again.place.short}) was already seen ({first.place.short})"
+
+
+def _writable(doc_id: str) -> bool:
+    """Whether a salvaged id can be written (one that holds a lone surrogate cannot)."""
+    try:
+        doc_id.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

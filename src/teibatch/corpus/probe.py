@@ -3,9 +3,12 @@
 ``probe_corpus`` lists the corpus (nothing matching is a ``CorpusMismatch`` naming the path),
 decides every file's format (an unknown extension fails here), reads up to ``PROBE_RECORDS``
 records of the first file that has any, and checks them against the job's ``corpus`` section: the
-records parse, the text field, the id field and every kept field appear in them (else a
-``CorpusMismatch`` naming the file and the field and listing the fields seen), the text field holds
-text, and the id field holds usable, mostly distinct ids. It reads nothing past the sample, so
+records parse, the text field, the id field and every kept field appear in them — as paths, so
+``doc.body`` looks inside ``doc`` (``paths.py``) — else a ``CorpusMismatch`` names the file and the
+field and lists the field paths seen, nested keys included; the text field holds text, and the id
+field holds usable, mostly distinct ids (an id repeated only because an integer and a string with
+the same digits are one id says so). It also says what the sample holds in each kept field, from
+which a run decides the output's kept-field types (``kept.py``). It reads nothing past the sample, so
 ``teibatch validate`` and the start of ``teibatch run`` pay one listing and a few reads whatever
 the size of the corpus. What only a whole read can find (a bad file further on) is left to the
 shards, which report it with the file's name.
@@ -18,11 +21,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from teibatch.corpus.documents import DocumentRules, fallback_id
+import pyarrow as pa
+
+from teibatch.corpus.documents import DocumentRules, IdSeen, repeated_id
 from teibatch.corpus.formats import FileFormat, detect_format
+from teibatch.corpus.kept import FieldSample, sample_fields, sample_type
 from teibatch.corpus.listing import CorpusRoot, SourceFile, list_sources
+from teibatch.corpus.paths import MISSING, lookup, record_paths, schema_paths, schema_type, shown
 from teibatch.corpus.readers import Malformed, Row, iter_rows, parquet_schema, read_text
-from teibatch.corpus.records import REJECT_DUPLICATE_ID, CorpusOptions, Document, Reject
+from teibatch.corpus.records import KEEP_FIELDS_STRICT, REJECT_DUPLICATE_ID, CorpusOptions, Document, Reject
+from teibatch.corpus.rows import Place
 from teibatch.errors import CorpusMismatch
 
 PROBE_RECORDS = 100
@@ -43,7 +51,10 @@ class CorpusProbe:
     ``files`` is how many files the path matched; ``sample_file`` (relative to the corpus root) and
     ``format`` say which file was sampled; ``records`` how many of its records were read; ``fields``
     the fields seen in them (or the Parquet columns), in order; ``rejects`` how many of the sampled
-    records a run would reject, by reason; ``repeated_ids`` ids seen more than once in the sample.
+    records a run would reject, by reason; ``repeated_ids`` ids seen more than once in the sample,
+    and ``id_collisions`` why, for those repeated only because integer ids are written as decimal
+    strings. ``kept`` says what the sample holds in each kept field (nothing for a Parquet sample,
+    whose columns carry their types), ``keep_fields_types`` the job's rule for them.
     """
 
     path: str
@@ -54,6 +65,9 @@ class CorpusProbe:
     fields: tuple[str, ...]
     rejects: dict[str, int] = field(default_factory=dict, hash=False)
     repeated_ids: tuple[str, ...] = ()
+    id_collisions: tuple[str, ...] = ()
+    kept: dict[str, FieldSample] = field(default_factory=dict, hash=False)
+    keep_fields_types: str = KEEP_FIELDS_STRICT
 
     def summary(self) -> str:
         """One line for a person: what matched, what was sampled, what a run would reject."""
@@ -65,6 +79,10 @@ class CorpusProbe:
             line += f"; would reject {sum(self.rejects.values())} ({reasons})"
         if self.repeated_ids:
             line += f"; repeated ids: {', '.join(repr(i) for i in self.repeated_ids[:5])}"
+        if self.id_collisions:
+            line += f" ({'; '.join(self.id_collisions[:3])})"
+        if self.kept and self.keep_fields_types == KEEP_FIELDS_STRICT:
+            line += f"; kept field types: {', '.join(f'{n} {sample_type(s)}' for n, s in self.kept.items())}"
         return line
 
 
@@ -83,56 +101,65 @@ def probe_corpus(options: CorpusOptions, *, records: int = PROBE_RECORDS) -> Cor
     tried = candidates[:PROBE_FILES]
     for index in tried:
         source, fmt = sources[index], formats[index]
-        rows, fields = _sample(root, source, fmt, options, records)
+        rows, schema = _sample(root, source, fmt, options, records)
         if rows:
-            return _check(options, len(sources), source, fmt, rows, fields)
+            return _check(options, len(sources), source, fmt, rows, schema)
     names = ", ".join(sources[i].path for i in tried)
     raise CorpusMismatch(f"no records in the first {len(tried)} file(s) of the corpus ({names}); "
                          "check corpus.path and corpus.format", file=options.path)
 
 
 def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat, options: CorpusOptions,
-            records: int) -> tuple[list[Row], tuple[str, ...] | None]:
-    """Up to ``records`` rows of ``source``, and its declared fields when the format has them."""
+            records: int) -> tuple[list[tuple[Place, Row]], pa.Schema | None]:
+    """Up to ``records`` rows of ``source`` with their places, and its schema when it is Parquet."""
     if fmt.name == "text":
         content = read_text(root.fs, source.url, fmt, source.path, options.on_bad_file)
         row: Row = content if isinstance(content, Malformed) else {options.text_field: content}
-        return [row], (options.text_field,)
-    fields: tuple[str, ...] | None = None
+        return [(Place(source.path), row)], None
+    schema = None
     columns = None
     if fmt.name == "parquet":
-        fields = tuple(parquet_schema(root.fs, source.url, source.path).names)
+        schema = parquet_schema(root.fs, source.url, source.path)
         columns = DocumentRules.for_format(options, fmt.name).columns()
     reading = iter_rows(root.fs, source.url, fmt, source.path, 0, records, columns=columns,
                         on_bad_file=options.on_bad_file)
     with contextlib.closing(reading):
-        return [row for _, row in reading], fields
+        return [(Place(source.path, number, line), row) for number, line, row in reading], schema
 
 
-def _check(options: CorpusOptions, files: int, source: SourceFile, fmt: FileFormat, rows: list[Row],
-           declared: tuple[str, ...] | None) -> CorpusProbe:
+def _check(options: CorpusOptions, files: int, source: SourceFile, fmt: FileFormat, rows: list[tuple[Place, Row]],
+           schema: pa.Schema | None) -> CorpusProbe:
     name, count = source.path, len(rows)
-    parsed = [row for row in rows if isinstance(row, dict)]
+    parsed = [(place, row) for place, row in rows if isinstance(row, dict)]
     if not parsed:
-        first = rows[0].detail if isinstance(rows[0], Malformed) else ""
+        first = rows[0][1].detail if isinstance(rows[0][1], Malformed) else ""
         raise CorpusMismatch(f"none of the first {count} records parses (first: {first}); "
                              "check corpus.format", file=name)
-    fields = declared if declared is not None else tuple(dict.fromkeys(key for row in parsed for key in row))
+    records = [row for _, row in parsed]
+    if schema is not None:
+        fields = tuple(schema.names)
+    elif fmt.name == "text":
+        fields = (options.text_field,)
+    else:
+        fields = tuple(dict.fromkeys(key for row in records for key in row))
     rules = DocumentRules.for_format(options, fmt.name)
-    _require_fields(rules, fmt, fields, name, count)
-    items = [rules.to_item(row, fallback_id(name, number)) for number, row in enumerate(rows)]
-    _require_text(rules, parsed, name, count)
-    repeated = _check_ids(rules, parsed, name, count)
+    _require_fields(rules, fmt, records, schema, name, count)
+    items = [rules.to_item(row, place) for place, row in rows]
+    _require_text(rules, records, name, count)
+    repeated, collisions = _check_ids(rules, parsed, name, count)
     rejects = Counter(item.reason for item in items if isinstance(item, Reject))
     ids = Counter(item.id for item in items if isinstance(item, Document))
     rejects[REJECT_DUPLICATE_ID] += sum(n - 1 for n in ids.values())
     rejects = +rejects  # drop zero counts
+    kept = {} if schema is not None else sample_fields(
+        {path: [None if (v := lookup(row, path)) is MISSING else v for row in records] for path in rules.keep_fields})
     return CorpusProbe(path=options.path, files=files, sample_file=name, format=fmt.name, records=count,
-                       fields=fields, rejects=dict(sorted(rejects.items())), repeated_ids=repeated)
+                       fields=fields, rejects=dict(sorted(rejects.items())), repeated_ids=repeated,
+                       id_collisions=collisions, kept=kept, keep_fields_types=options.keep_fields_types)
 
 
-def _require_fields(rules: DocumentRules, fmt: FileFormat, fields: tuple[str, ...], name: str,
-                    count: int) -> None:
+def _require_fields(rules: DocumentRules, fmt: FileFormat, records: list[dict[str, Any]], schema: pa.Schema | None,
+                    name: str, count: int) -> None:
     if fmt.name == "text" and rules.keep_fields:
         raise CorpusMismatch(
             f"a text file is one document without fields, so corpus.keep_fields "
@@ -144,14 +171,18 @@ def _require_fields(rules: DocumentRules, fmt: FileFormat, fields: tuple[str, ..
                                        "unset for ids from the file and row"))
     wanted += [(kept, "fix or remove it in corpus.keep_fields") for kept in rules.keep_fields]
     for wanted_field, advice in wanted:
-        if wanted_field not in fields:
-            seen = ", ".join(fields) if fields else "none"
+        if schema is not None:
+            found = schema_type(schema, wanted_field) is not None
+        else:
+            found = any(lookup(row, wanted_field) is not MISSING for row in records)
+        if not found:
+            seen = shown(schema_paths(schema) if schema is not None else record_paths(records))
             raise CorpusMismatch(f"no field {wanted_field!r} in the first {count} records (fields seen: {seen}); "
                                  f"{advice}", file=name, field=wanted_field)
 
 
 def _require_text(rules: DocumentRules, parsed: list[dict[str, Any]], name: str, count: int) -> None:
-    values = [row.get(rules.text_field, _MISSING) for row in parsed]
+    values = [lookup(row, rules.text_field) for row in parsed]
     if any(isinstance(value, str) and value.strip() for value in values):
         return
     kinds = sorted({_kind(value) for value in values})
@@ -160,13 +191,27 @@ def _require_text(rules: DocumentRules, parsed: list[dict[str, Any]], name: str,
                          file=name, field=rules.text_field)
 
 
-def _check_ids(rules: DocumentRules, parsed: list[dict[str, Any]], name: str, count: int) -> tuple[str, ...]:
-    """The ids repeated in the sample; raises when the id field holds no usable or mostly repeated ids."""
+def _check_ids(rules: DocumentRules, parsed: list[tuple[Place, dict[str, Any]]], name: str,
+               count: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ids repeated in the sample, and why for those repeated only through the integer rule.
+
+    Raises when the id field holds no usable or mostly repeated ids.
+    """
     if not rules.id_field:
-        return ()
-    valid = [doc_id for doc_id in (rules.id_of(row, "") for row in parsed) if isinstance(doc_id, str)]
+        return (), ()
+    first: dict[str, IdSeen] = {}
+    why: dict[str, str] = {}
+    valid = []
+    for place, row in parsed:
+        doc_id = rules.id_of(row, place)
+        if isinstance(doc_id, str):
+            valid.append(doc_id)
+            here = IdSeen(place, rules.integer_id(row))
+            seen = first.setdefault(doc_id, here)
+            if seen is not here and seen.integer != here.integer:
+                why.setdefault(doc_id, repeated_id(doc_id, seen, here))
     if not valid:
-        kinds = sorted({_kind(row.get(rules.id_field, _MISSING)) for row in parsed})
+        kinds = sorted({_kind(lookup(row, rules.id_field)) for _, row in parsed})
         raise CorpusMismatch(f"field {rules.id_field!r} holds no usable id in the first {count} records (only "
                              f"{', '.join(kinds)}); ids must be non-empty strings or integers: set "
                              "corpus.id_field to another field, or leave it unset for ids from the file and row",
@@ -176,18 +221,16 @@ def _check_ids(rules: DocumentRules, parsed: list[dict[str, Any]], name: str, co
     extra = len(valid) - len(counts)
     if extra > MAX_REPEATED_ID_SHARE * len(valid):
         example, times = counts.most_common(1)[0]
+        because = f": {why[example]}" if example in why else f", first at {first[example].place.short}"
         raise CorpusMismatch(f"field {rules.id_field!r} does not look like an id: {len(counts)} distinct values "
-                             f"in {len(valid)} records ({example!r} {times} times); set corpus.id_field to a "
-                             "field unique per document, or leave it unset for ids from the file and row",
+                             f"in {len(valid)} records ({example!r} {times} times{because}); set corpus.id_field to "
+                             "a field unique per document, or leave it unset for ids from the file and row",
                              file=name, field=rules.id_field)
-    return repeated
-
-
-_MISSING = object()
+    return repeated, tuple(why.values())
 
 
 def _kind(value: object) -> str:
-    if value is _MISSING:
+    if value is MISSING:
         return "no such field"
     if value is None:
         return "null"

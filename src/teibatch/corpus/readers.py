@@ -4,7 +4,12 @@ One reader per format, each able to *count* a file's rows (planning) and to yiel
 ``start``..``stop`` (a shard) without holding the file: JSON lines are split but not parsed before
 ``start``; Parquet skips whole row groups from its footer. A row is a ``dict`` or a ``Malformed``
 marker, numbered from 0 in the file; every physical record counts, malformed ones included, so
-counting and reading always agree on the numbers.
+counting and reading always agree on the numbers. A malformed row's detail starts with its place
+(``rows.Place``): ``c.jsonl#1 (line 2): …``.
+
+A JSON record that orjson refuses only because its text is not valid Unicode (a lone surrogate
+such as ``"\\ud800"``, or a byte that is not UTF-8) is still malformed, but is read again leniently
+so that its reject can carry the record's own id and name the field that holds the bad text.
 
 This module is the boundary for fsspec, pyarrow and codec errors. Storage failures (a refused or
 lost connection, a file gone) become ``CorpusError``: the same command may succeed later. A file
@@ -19,6 +24,7 @@ any other file, one per remaining row of a Parquet shard).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -32,8 +38,9 @@ from teibatch.corpus.codecs import CODEC_ERRORS, open_source
 from teibatch.corpus.csvfile import csv_rows
 from teibatch.corpus.formats import FORMAT_BUILTIN, FileFormat
 from teibatch.corpus.jsonarray import iter_array_items
+from teibatch.corpus.paths import top_column
 from teibatch.corpus.records import ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT
-from teibatch.corpus.rows import Malformed, ReadPosition, Row, Unreadable
+from teibatch.corpus.rows import Malformed, Place, ReadPosition, Row, Unreadable
 from teibatch.errors import CorpusError, CorpusMismatch
 
 BAD_FILE_HINT = ("fix or replace the file, or set corpus.on_bad_file: reject to keep the rows before "
@@ -67,17 +74,19 @@ def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: s
 
 def iter_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str, start: int,
               stop: int | None, *, columns: list[str] | None = None, parse: bool = True,
-              on_bad_file: str = ON_BAD_FILE_FAIL) -> Generator[tuple[int, Row], None, None]:
-    """Yield ``(row_number, row)`` for rows ``start`` up to ``stop`` (``None``: the end).
+              on_bad_file: str = ON_BAD_FILE_FAIL) -> Generator[tuple[int, int | None, Row], None, None]:
+    """Yield ``(row_number, line, row)`` for rows ``start`` up to ``stop`` (``None``: the end).
 
-    ``columns`` limits what Parquet reads; ``parse=False`` (counting) yields empty rows cheaply.
+    ``line`` is the line the record starts on (JSON lines, CSV), else ``None``. ``columns`` (field
+    paths) limits what Parquet reads: a nested path reads its whole top-level column;
+    ``parse=False`` (counting) yields empty rows cheaply.
     A file whose content breaks off raises ``CorpusMismatch`` naming the file and line, or with
     ``on_bad_file: reject`` yields ``Malformed`` rows for what cannot be read (see the module doc).
     """
     if fmt.name == FORMAT_BUILTIN:
         records = load_builtin(url).records
         for number in range(start, len(records) if stop is None else min(stop, len(records))):
-            yield number, dict(records[number])
+            yield number, None, dict(records[number])
         return
     reject = on_bad_file == ON_BAD_FILE_REJECT
     position = ReadPosition()
@@ -135,7 +144,7 @@ def _bad_file(exc: Unreadable) -> CorpusMismatch:
 
 
 def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
-           position: ReadPosition) -> Iterator[tuple[int, Row]]:
+           position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
     row = 0
     position.line = 0
     for line_number, line in enumerate(stream, 1):
@@ -145,38 +154,77 @@ def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
         if not line.strip():
             continue  # blank lines are not records
         if row >= start:
-            yield row, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
-                                     f"{name}:{line_number}") if parse else {}
+            yield row, line_number, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
+                                                  Place(name, row, line_number)) if parse else {}
         row += 1
         position.row = row
 
 
 def _json(stream: Any, name: str, start: int, stop: int | None, parse: bool,
-          position: ReadPosition) -> Iterator[tuple[int, Row]]:
+          position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
     for row, element in enumerate(iter_array_items(stream, name)):
         if stop is not None and row >= stop:
             return
         if row >= start:
-            yield row, _parse_object(element, f"{name}: element {row}") if parse else {}
+            yield row, None, _parse_object(element, Place(name, row)) if parse else {}
         position.row = row + 1
 
 
-def _parse_object(raw: bytes, where: str) -> Row:
+def _parse_object(raw: bytes, place: Place) -> Row:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return Malformed(f"{where}: {exc}")
+        record = _lenient(raw)
+        bad = None if record is None else _bad_text(record)
+        if record is None or bad is None:
+            return Malformed(f"{place}: {exc}")
+        return Malformed(f"{place}: {bad}", record)
     if not isinstance(value, dict):
-        return Malformed(f"{where}: expected a JSON object, got {type(value).__name__}")
+        return Malformed(f"{place}: expected a JSON object, got {type(value).__name__}")
     return value
 
 
+def _lenient(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` read by Python's own JSON parser, which lets text that is not valid Unicode through
+    (bytes that are not UTF-8 become lone surrogates); ``None`` when that fails too."""
+    try:
+        value = json.loads(raw.decode("utf-8", "surrogateescape"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _bad_text(value: Any, path: str = "") -> str | None:
+    """Where ``value`` holds text that is not valid Unicode, in words; ``None`` when nowhere."""
+    if isinstance(value, str):
+        for index, char in enumerate(value):
+            if "\ud800" <= char <= "\udfff":
+                return (f"field {path!r} holds text that is not valid Unicode (a lone surrogate {char!a} "
+                        f"or a byte that is not UTF-8) at character {index}")
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        if isinstance(key, str) and (found := _bad_text(key, path)) is not None:
+            return found.replace("holds text", "has a key", 1)
+        found = _bad_text(inner, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def _parquet(stream: Any, start: int, stop: int | None, columns: list[str] | None,
-             position: ReadPosition) -> Iterator[tuple[int, Row]]:
+             position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
     parquet = pq.ParquetFile(stream)
     position.total = parquet.metadata.num_rows
-    present = set(parquet.schema_arrow.names)
-    wanted = [c for c in dict.fromkeys(columns or []) if c in present] if columns is not None else None
+    present = parquet.schema_arrow.names
+    wanted = None
+    if columns is not None:
+        tops = (top_column(path, present) for path in columns)
+        wanted = list(dict.fromkeys(top for top in tops if top is not None))
     batch_size = _PARQUET_BATCH if stop is None else max(1, min(_PARQUET_BATCH, stop - start))
     row = 0
     for group in range(parquet.num_row_groups):
@@ -192,23 +240,24 @@ def _parquet(stream: Any, start: int, stop: int | None, columns: list[str] | Non
                 if stop is not None and row >= stop:
                     return
                 if row >= start:
-                    yield row, record
+                    yield row, None, record
                 row += 1
                 position.row = row
 
 
 def _rejected_rest(exc: Unreadable, position: ReadPosition, start: int,
-                   stop: int | None) -> Iterator[tuple[int, Row]]:
+                   stop: int | None) -> Iterator[tuple[int, int | None, Row]]:
     """``on_bad_file: reject``: what could not be read, as ``Malformed`` rows.
 
     A Parquet file's footer says how many rows it has, so each one left becomes a reject; a stream
     that breaks off gives one reject for its unreadable rest. CSV files reject line by line
     themselves (``csvfile.py``) and only reach here when the bytes themselves are bad.
     """
-    detail = f"{exc}; the rest of the file cannot be read"
+    where = f" (line {exc.line})" if exc.line else ""
+    detail = f"{exc.problem}{where}; the rest of the file cannot be read"
     end = position.total if position.total is not None else position.row + 1
     for row in range(max(start, position.row), end if stop is None else min(stop, end)):
-        yield row, Malformed(detail)
+        yield row, None, Malformed(f"{Place(exc.file or '', row)}: {detail}")
 
 
 @contextlib.contextmanager

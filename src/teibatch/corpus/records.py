@@ -18,6 +18,12 @@ ON_BAD_FILE = (ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT)
 """What a file that cannot be read to its end does: fail its shard (``CorpusMismatch``, the default),
 or reject what cannot be read as ``malformed_record`` and keep the rows before it."""
 
+KEEP_FIELDS_STRICT = "strict"
+KEEP_FIELDS_STRINGIFY = "stringify"
+KEEP_FIELDS_TYPES = (KEEP_FIELDS_STRICT, KEEP_FIELDS_STRINGIFY)
+"""How an output types its kept fields (``kept.py``): values keep their types, each field one type
+for the whole output (the default); or values of JSON, CSV and builtin sources become text."""
+
 
 @dataclass(frozen=True)
 class CorpusOptions:
@@ -34,6 +40,7 @@ class CorpusOptions:
     exclude: tuple[str, ...] = ()
     """Folders under the corpus root (relative to it, POSIX) whose files are never corpus: the job's
     own output when it lies inside the corpus (``corpus/overlap.py``). Not part of any shard id."""
+    keep_fields_types: str = KEEP_FIELDS_STRICT
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,13 @@ from collections.abc import Iterator, Sequence
 
 import orjson
 
-from teibatch.corpus.documents import DocumentRules, fallback_id
+from teibatch.corpus.documents import DocumentRules, IdSeen, repeated_id
 from teibatch.corpus.formats import FileFormat, detect_format
+from teibatch.corpus.kept import KeptFields
 from teibatch.corpus.listing import CorpusRoot, SourceFile, fingerprint, list_sources, resolve_root
 from teibatch.corpus.readers import count_rows, iter_rows, read_text
 from teibatch.corpus.records import REJECT_DUPLICATE_ID, BadFile, CorpusOptions, Document, Reject, Shard
+from teibatch.corpus.rows import Place
 from teibatch.errors import CorpusError, CorpusMismatch
 
 SHARD_ID_HEX = 16
@@ -77,13 +79,18 @@ def plan_shards(options: CorpusOptions) -> list[Shard]:
     return shards
 
 
-def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True) -> Iterator[Document | Reject]:
+def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
+               kept: KeptFields | None = None) -> Iterator[Document | Reject]:
     """Stream the shard's documents and rejects in source order, exactly ``shard.size`` of them.
 
     With ``verify`` (the default) each source's fingerprint is read again first and the shard id
     recomputed: a corpus changed since planning raises ``CorpusError`` instead of yielding content
     that no longer matches the id. A second document with an id already seen in this shard is
-    rejected as a duplicate.
+    rejected as a duplicate; its detail names both records and, when one held the id as an integer
+    and the other as a string, both types.
+
+    ``kept``: the output's kept-field types (``kept.py``); a value that does not fit raises
+    ``CorpusMismatch``, stopping this shard. Without it, values are as ``stringify`` has them.
 
     A shard planned for a bad file (``shard.bad_file``) raises its ``CorpusMismatch`` (exit code
     2, naming the file and line) before yielding anything; with ``on_bad_file: fail`` a file found
@@ -95,17 +102,18 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True) -> 
         _verify(options, root, shard)
     if shard.bad_file is not None:
         raise shard.bad_file.error()
-    rules = DocumentRules.for_format(options, shard.format)
-    seen: set[str] = set()
+    rules = DocumentRules.for_format(options, shard.format, kept)
+    seen: dict[str, tuple[int | None, int | None, bool]] = {}  # a tuple per id: a shard may hold millions
     count = 0
-    for where, item in _items(options, root, shard, rules):
+    for place, item, integer in _items(options, root, shard, rules):
         count += 1
         if isinstance(item, Document):
-            if item.id in seen:
-                detail = f"{where}: id {item.id!r} already seen in this shard"
-                item = Reject(item.id, REJECT_DUPLICATE_ID, detail)
-            else:
-                seen.add(item.id)
+            here = (place.row, place.line, integer)
+            first = seen.setdefault(item.id, here)
+            if first is not here:
+                before = IdSeen(Place(place.path, first[0], first[1]), first[2])
+                detail = repeated_id(item.id, before, IdSeen(place, integer))
+                item = Reject(item.id, REJECT_DUPLICATE_ID, f"{place}: {detail}")
         yield item
     if count != shard.size:
         raise CorpusError(f"{', '.join(shard.sources)}: shard {shard.id} should hold {shard.size} rows "
@@ -144,22 +152,23 @@ def _shard(options: CorpusOptions, sources: Sequence[SourceFile], start: int, fm
 
 
 def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
-           rules: DocumentRules) -> Iterator[tuple[str, Document | Reject]]:
+           rules: DocumentRules) -> Iterator[tuple[Place, Document | Reject, bool]]:
+    """Each row's place, what it became, and whether its id field held an integer."""
     if shard.format == "text":
         for path in shard.sources:
             content = read_text(root.fs, root.url(path), _format(options, shard, path), path,
                                 options.on_bad_file)
             row = content if not isinstance(content, str) else {rules.text_field: content}
-            yield path, rules.to_item(row, path)
+            yield Place(path), rules.to_item(row, Place(path)), False
         return
     if len(shard.sources) != 1:
         raise CorpusError(f"shard {shard.id}: a {shard.format} shard reads exactly one source")
     path = shard.sources[0]
     fmt = _format(options, shard, path)
-    for number, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
-                                 columns=rules.columns(), on_bad_file=options.on_bad_file):
-        where = fallback_id(path, number)
-        yield where, rules.to_item(row, where)
+    for number, line, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
+                                       columns=rules.columns(), on_bad_file=options.on_bad_file):
+        place = Place(path, number, line)
+        yield place, rules.to_item(row, place), rules.integer_id(row)
 
 
 def _format(options: CorpusOptions, shard: Shard, path: str) -> FileFormat:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from teibatch.corpus.kept import KeptFields
 from teibatch.corpus.records import CorpusOptions
 from teibatch.sink.parts import VectorSchema, WriteOptions
 
@@ -19,3 +20,5 @@ class ShardContext:
     write: WriteOptions
     output: str
     output_options: dict[str, Any] = field(default_factory=dict)
+    kept: KeptFields | None = None
+    """The output's kept-field types (``schema.kept``) and which fields are written as text."""

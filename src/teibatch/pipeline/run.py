@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from teibatch.corpus import Shard, keep_field_types, plan_shards, probe_corpus
+from teibatch.corpus import CorpusProbe, KeptFields, Shard, plan_shards, probe_corpus
 from teibatch.corpus.overlap import exclusion_note
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.endpoint import Endpoint
@@ -32,6 +32,7 @@ from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
 from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
+from teibatch.pipeline.kept_types import output_kept_fields
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
@@ -93,7 +94,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     store = OutputStore(job.output.path, job.output.storage_options)
     provider = provider_for(job)  # checks the servers section (API key variable set) before any work
     corpus = job.corpus_options()  # an output that is the corpus, or holds it, stops here
-    probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
+    probe = probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
     if (note := exclusion_note(corpus)) is not None:
         reporter.message(note, event="output_left_out")
     lock = OutputLock(store, summary.run_id)
@@ -106,13 +107,13 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
         if lock.took_over is not None:
             reporter.message(f"took over the lock of {lock.took_over.describe()}: that run is gone",
                              event="lock_taken_over", previous_run_id=lock.took_over.run_id)
-        return _run_locked(job, ray_address, reporter, summary, started, store, provider, lock)
+        return _run_locked(job, ray_address, reporter, summary, started, store, provider, lock, probe)
     finally:
         lock.release()
 
 
 def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summary: RunSummary, started: float,
-                store: OutputStore, provider: Provider, lock: OutputLock) -> RunSummary:
+                store: OutputStore, provider: Provider, lock: OutputLock, probe: CorpusProbe) -> RunSummary:
     """The run, once it holds the output's lock: every manifest write first checks it still does."""
     manifest = open_manifest(store, job, reporter)
     manifest.guard = lock.check
@@ -138,11 +139,12 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                                  event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
             interrupts.check()
             if pending:
+                kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
                 # Ray starts in the background while the servers start; the senders wait for it.
                 with ray_session(ray_address, summary.timings) as ray_start:
                     previous = _previous_parts(job, manifest, live)
                     _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                                   ray_start)
+                                   ray_start, kept)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -217,7 +219,8 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
-                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart) -> None:
+                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
+                   kept: KeptFields | None) -> None:
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
@@ -287,7 +290,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
                 if wave is not None:
                     wave.watch(_all_running(senders))
-                context = _context(job, fleet)
+                context = _context(job, fleet, kept)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
                 wait_from = time.monotonic()
@@ -396,15 +399,15 @@ def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) ->
             "to a new output.path")
 
 
-def _context(job: JobSpec, fleet: Fleet) -> ShardContext:
+def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None) -> ShardContext:
     corpus = job.corpus_options()
     hash_options = {**job.vector_options(), "model": fleet.model_id}
     schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type,
-                          kept=keep_field_types(corpus),
+                          kept=dict(kept.types) if kept is not None else {},
                           metadata={"model_id": fleet.model_id, "options": hash_options, "job": job.name})
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
-                        output=job.output.path, output_options=dict(job.output.storage_options))
+                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept)
 
 
 def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:

@@ -168,7 +168,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     rejects: list[Reject] = []
 
     def read_documents() -> Iterator[Document]:
-        for item in read_shard(context.corpus, shard):
+        for item in read_shard(context.corpus, shard, kept=context.kept):
             if isinstance(item, Document):
                 documents.append(item)
                 hashes.append(content_hash(item.text, context.hash_options))
