@@ -4,6 +4,7 @@ The hierarchy::
 
     TeibatchError
     ├── JobSpecError            the job file or command line is wrong (exit code 2)
+    │   └── TokenizerUnavailable no tokenizer.json for the model where looked, or unreadable (exit 2)
     ├── CorpusError             the corpus cannot be listed or read as a whole
     │   └── CorpusMismatch      the corpus does not fit the job: no file, missing fields, unparsable (exit 2)
     ├── TeiError                a TEI server answered with an error, or did not answer
@@ -87,6 +88,21 @@ class JobSpecError(TeibatchError):
         if key:
             where = f"{where}: {key}" if where else key
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class TokenizerUnavailable(JobSpecError):
+    """The model's ``tokenizer.json``, needed to count tokens as the servers do, is at none of the paths
+    tried (``tried`` lists them, in order), or it is there but cannot be read, or the ``tokenizers``
+    package is not installed (the message gives the install command).
+
+    Give the path of the model's tokenizer.json, or download the model into a Hugging Face cache
+    (``huggingface-cli download ORG/NAME tokenizer.json``) or the servers' volume folder.
+    """
+
+    def __init__(self, message: str, *, tried: tuple[str, ...] = (), file: str | None = None,
+                 key: str | None = None, line: int | None = None) -> None:
+        self.tried = tried
+        super().__init__(message, file=file, key=key, line=line)
 
 
 class CorpusError(TeibatchError):

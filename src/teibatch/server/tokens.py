@@ -114,6 +114,10 @@ class ApproxTokenizer:
         """Tokens of ``text`` with ``[CLS]`` and ``[SEP]``; this is what limits and ``usage`` see."""
         return len(_PIECE.findall(text)) + self.special_tokens
 
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the pieces of ``text``, special tokens left out (what a chunker cuts by)."""
+        return [match.span() for match in _PIECE.finditer(text)]
+
     def truncate(self, text: str, max_tokens: int, direction: str) -> str:
         """Cut ``text`` so that ``count`` of the result is at most ``max_tokens``."""
         keep = max(0, max_tokens - self.special_tokens)
