@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -136,6 +137,9 @@ def stdlib_docs() -> Iterator[dict[str, str]]:
     yield from _topics()
 
 
+_PARSING = threading.Lock()
+
+
 def _parse_module(name: str) -> ast.Module | None:
     """The syntax tree of a stdlib module's source, or ``None`` when this Python has no source for it."""
     try:
@@ -147,7 +151,10 @@ def _parse_module(name: str) -> ast.Module | None:
         return None
     try:
         source = Path(origin).read_text(encoding="utf-8")
-        with warnings.catch_warnings():  # old modules carry invalid escape sequences
+        # One parse at a time: the shards of one task read side by side in threads, and CPython's
+        # ast module can fail with "AST constructor recursion depth mismatch" when two
+        # threads parse at once (CPython issue 106905); warnings.catch_warnings is process-wide state too.
+        with _PARSING, warnings.catch_warnings():  # old modules carry invalid escape sequences
             warnings.simplefilter("ignore")
             return ast.parse(source)
     except (OSError, SyntaxError, UnicodeDecodeError):
