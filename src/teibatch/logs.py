@@ -93,6 +93,9 @@ def log_to_stderr(debug: bool = False) -> None:
     root = logging.getLogger()
     root.setLevel(logging.DEBUG if debug else logging.WARNING)
     log_through(StderrLines())
+    # Off, then on: captureWarnings(True) does nothing when it believes it is already on, which it
+    # still does after a warnings.catch_warnings() block put the original showwarning back.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     for name in ROUTED_LIBRARY_LOGGERS:
         library = logging.getLogger(name)
