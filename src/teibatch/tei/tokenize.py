@@ -277,7 +277,7 @@ class RouteTokenCounter:
             except TeiUnavailable:  # no answer, 5xx, a wrong 200
                 if attempts >= self.max_retries:
                     raise
-                wait = backoff(attempts, base=0.1)
+                wait = backoff(attempts, base=0.1)  # as the embedder waits before resending elsewhere
                 attempts += 1
             except (PayloadTooLarge, TooManyInputs) as exc:
                 if len(batch) == 1:
