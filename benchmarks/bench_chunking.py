@@ -1,7 +1,8 @@
 """The chunker's speed per core, against the tokenizer's own batch encode measured in the same run.
 
-Generates long documents (2,000 to 20,000 tokens each; English prose from the Python docs that ship
-with the interpreter, cut into sentences and paragraphs, drawn with a fixed seed), pins the
+Generates long documents (2,000 to 20,000 tokens each by the tokenizer measured; ``long_corpus.py``:
+English prose from the Python docs that ship with the interpreter, some sentences in other scripts,
+in paragraphs, drawn with a fixed seed), pins the
 tokenizer's thread count (``RAYON_NUM_THREADS``, 1 by default: per core), then times:
 
 * ``encode_batch``: the tokenizer alone, one batch call per batch of documents, with the offsets
@@ -23,37 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from collections.abc import Sequence
 
-
-def prose_sentences() -> list[str]:
-    """Sentences of English prose from the Python documentation's topics (shipped with Python)."""
-    from pydoc_data.topics import topics
-
-    from teibatch.corpus.text_units import split_sentences
-
-    text = "\n\n".join(topics[name] for name in sorted(topics))
-    return [" ".join(text[start:end].split()) for start, end in split_sentences(text)]
-
-
-def make_documents(count: int, seed: int, count_tokens) -> list[str]:
-    """``count`` documents of paragraphs of 2-8 sentences, each document 2,000-20,000 tokens long."""
-    sentences = prose_sentences()
-    sizes = count_tokens(sentences)
-    rng = random.Random(seed)
-    documents = []
-    for _ in range(count):
-        target = rng.randint(2_000, 20_000)
-        paragraphs, tokens = [], 0
-        while tokens < target:
-            picked = [rng.randrange(len(sentences)) for _ in range(rng.randint(2, 8))]
-            paragraphs.append(" ".join(sentences[i] for i in picked))
-            tokens += sum(sizes[i] for i in picked)
-        documents.append("\n\n".join(paragraphs))
-    return documents
+from long_corpus import long_documents
 
 
 class CountingCounter:
@@ -106,7 +81,8 @@ def main() -> None:
         counter = load_token_counter("sentence-transformers/all-MiniLM-L6-v2", path=args.tokenizer)
         name = args.tokenizer or "all-MiniLM-L6-v2"
     special = counter.special_tokens
-    documents = make_documents(args.documents, args.seed, lambda texts: [n - special for n in counter.counts(texts)])
+    documents = [text for text, _ in long_documents(
+        args.documents, seed=args.seed, count_tokens=lambda texts: [n - special for n in counter.counts(texts)])]
     batches = [documents[i:i + args.batch] for i in range(0, len(documents), args.batch)]
 
     base_seconds, offsets = timed(lambda: [o for batch in batches for o in counter.offsets(batch)])

@@ -86,3 +86,16 @@ def test_faults_are_repeatable_for_a_seed() -> None:
     first = _statuses(7)
     assert first == _statuses(7)
     assert {200, 429, 503} <= set(first)
+
+
+@pytest.mark.parametrize(("tokenize", "status"), [
+    pytest.param(False, 200, id="inference-only"),
+    pytest.param(True, 429, id="tokenize-too"),
+])
+def test_tokenize_gets_faults_only_when_asked(tokenize: bool, status: int) -> None:
+    with running_server(faults={"rate_429": 1.0, "tokenize": tokenize}) as url:
+        response = httpx.post(f"{url}/tokenize", json={"inputs": "a b"})
+        assert httpx.post(f"{url}/embed", json=EMBED).status_code == 429
+        stats = server_stats(url)
+    assert response.status_code == status
+    assert stats["faults"]["429"] == 1 + tokenize

@@ -5,8 +5,16 @@ class, function and method docstrings) plus the help topics of ``pydoc_data.topi
 thousand documents, no download and no data file in the repository. The quickstart job and the
 tests use it so they work on a fresh machine without network.
 
+``builtin:stdlib-source`` is a corpus of long documents: one per module source file of the
+standard library (``json.decoder`` is ``json/decoder.py``; a package is its ``__init__.py``), the
+file's whole source as text, from a few hundred to tens of thousands of tokens. Test suites,
+``site-packages`` and files that are not importable modules (a folder or file name that is not an
+identifier) are left out, and so are empty files. Each record has ``title`` (the module name, also
+its id) and ``path`` (relative to the standard library's folder).
+
 The records are the same for the same Python version: modules are walked in a fixed order,
-names in sorted order, each object once, and memory addresses (``0x7f...``) are masked.
+names in sorted order, each object once, and memory addresses (``0x7f...``) are masked in
+docstrings.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import sysconfig
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -77,6 +86,10 @@ STDLIB_DOC_MODULES: tuple[str, ...] = (
     "xml.sax.xmlreader", "xmlrpc.client", "xmlrpc.server", "zipapp", "zipfile", "zipimport", "zlib",
     "zoneinfo"
 )
+
+STDLIB_SKIPPED_FOLDERS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages"})
+"""Folders of the standard library's tree that ``builtin:stdlib-source`` leaves out: test suites
+(thousands of files, some deliberately broken) and installed third-party packages."""
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
@@ -215,4 +228,27 @@ def _topics() -> Iterator[dict[str, str]]:
             yield record
 
 
-_BUILDERS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"stdlib-docs": stdlib_docs}
+def stdlib_source() -> Iterator[dict[str, str]]:
+    """One record per standard-library module source file, sorted by path (see the module docstring)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).parts):
+        relative = path.relative_to(root)
+        folders = relative.parts[:-1]
+        if any(folder in STDLIB_SKIPPED_FOLDERS or not folder.isidentifier() for folder in folders) \
+                or not path.stem.isidentifier():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if not text.strip():
+            continue
+        module = ".".join(folders) if path.stem == "__init__" else ".".join((*folders, path.stem))
+        if module:
+            yield {"id": module, "text": text, "title": module, "path": relative.as_posix()}
+
+
+_BUILDERS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {
+    "stdlib-docs": stdlib_docs,
+    "stdlib-source": stdlib_source,
+}

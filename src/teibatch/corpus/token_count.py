@@ -8,15 +8,10 @@ each token lies in a text (character offsets into the Python ``str``, special to
 many tokens the server counts for a text (special tokens such as ``[CLS]``/``[SEP]`` included, since
 they count against ``max_input_length``).
 
-Re-tokenizing a piece of a text can give another count than the piece's share of the whole text's
-tokens (a WordPiece ``##`` piece that starts the piece, a BPE merge across its edge). ``cuts`` says
-where a counter's counts are additive, so the chunker knows when it can count by slicing and when it
-must count the piece again:
-
-* ``tokens``: a slice between any two token edges counts exactly its tokens (the hashing rule);
-* ``whitespace``: the same, but only for edges with whitespace between the two tokens (tokenizers
-  that split words at whitespace and tokenize each word alone: BERT's WordPiece models and the like);
-* ``none``: no promise; every chunk is counted again as sent.
+Each counter also says, in ``cuts``, where its counts add up when a text is cut (``tokens``,
+``whitespace`` or ``none``: see :mod:`teibatch.token_cuts`), so the chunker knows when it can count
+a piece by slicing and when it must count it again. The servers' own ``/tokenize`` route is a
+counter too: :class:`teibatch.tei.tokenize.RouteTokenCounter`.
 """
 
 from __future__ import annotations
@@ -26,10 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from teibatch.server.tokens import ApproxTokenizer
-
-CUTS_TOKENS = "tokens"
-CUTS_WHITESPACE = "whitespace"
-CUTS_NONE = "none"
+from teibatch.token_cuts import CUTS_NONE, CUTS_TOKENS, CUTS_WHITESPACE
 
 INSTALL_HINT = "pip install 'teibatch[chunking]'"
 
@@ -47,7 +39,7 @@ class TokenCounter(Protocol):
     """One server's token rule, over batches of texts.
 
     ``special_tokens`` is what the server adds to every input; ``cuts`` is ``tokens``, ``whitespace``
-    or ``none`` (see the module docstring). ``offsets`` gives, per text, the ``(start, end)`` character
+    or ``none`` (see :mod:`teibatch.token_cuts`). ``offsets`` gives, per text, the ``(start, end)`` character
     offsets of its tokens without special tokens, in order; ``counts`` gives, per text, its tokens as
     the server counts them, special tokens included.
     """

@@ -109,6 +109,8 @@ def _prompt(ctx: click.Context, param: click.Parameter,
               help="This request never answers.")
 @click.option("--fault-exit-after", type=click.IntRange(min=1), default=None,
               help="Stop after this many inference requests (exit code 3).")
+@click.option("--fault-tokenize", type=click.BOOL, default=False,
+              help="Draw faults for POST /tokenize too (as a proxy in front of TEI might answer).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help='Once listening, write {"url": ..., "pid": ...} here atomically.')
 def serve(**options: Any) -> None:

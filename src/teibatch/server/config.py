@@ -40,7 +40,8 @@ class FaultConfig:
     its answer; draws come from one ``random.Random(seed)``, so a run is repeatable for a given order
     of requests. ``hang_after`` and ``exit_after`` count inference requests (1-based): the request
     numbered ``hang_after`` never gets an answer; after ``exit_after`` answered requests the server
-    stops listening and drops every connection (a crash, as a client sees it).
+    stops listening and drops every connection (a crash, as a client sees it). ``tokenize`` draws for
+    ``POST /tokenize`` too (TEI itself never answers 429 there; a proxy in front of it may).
     """
 
     seed: int = 0
@@ -53,6 +54,7 @@ class FaultConfig:
     latency_s: float = 1.0
     hang_after: int | None = None
     exit_after: int | None = None
+    tokenize: bool = False
 
     def __post_init__(self) -> None:
         rates = [self.rate_429, self.rate_503, self.rate_424, self.rate_500, self.rate_drop,

@@ -5,8 +5,10 @@ from ``random.Random(seed)`` picks at most one of: 429 ``Model is overloaded``, 
 424 ``Backend error: ...``, 500 (text/plain, as a proxy in front of TEI would send), or a connection
 dropped halfway through a 200 answer; a second draw adds a latency spike. The request numbered
 ``hang_after`` never gets an answer; after ``exit_after`` answered requests the server stops (the
-``serve`` command then exits with code 3). Each fault counts in ``teibatch_fault_injected{kind}``
-and in ``/teibatch/stats``; injected 429s are not counted as client violations.
+``serve`` command then exits with code 3). With ``tokenize`` on, ``POST /tokenize`` draws too (a
+proxy in front of TEI can answer 429 or 5xx there, though TEI never does). Each fault counts in
+``teibatch_fault_injected{kind}`` and in ``/teibatch/stats``; injected 429s are not counted as
+client violations.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ async def inject_faults(request: web.Request, handler: Handler) -> web.StreamRes
     injector = request.app[FAULTS]
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else None
-    if not injector.config.enabled or request.method != "POST" or route not in FAULT_ROUTES:
+    drawn = route in FAULT_ROUTES or (route == "/tokenize" and injector.config.tokenize)
+    if not injector.config.enabled or request.method != "POST" or not drawn:
         return await handler(request)
     decision = injector.next()
     metrics = injector.metrics

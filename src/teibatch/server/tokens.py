@@ -93,7 +93,7 @@ def _id_piece(token_id: int) -> tuple[str, bool] | None:
     return None
 
 
-def _byte_offsets(text: str) -> list[int] | None:
+def byte_offsets(text: str) -> list[int] | None:
     """Byte offset of each character boundary, or None when the text is ASCII (chars == bytes)."""
     if text.isascii():
         return None
@@ -137,7 +137,7 @@ class ApproxTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[Token]:
         """Every token with its id and byte offsets, as ``/tokenize`` returns them."""
-        byte_at = _byte_offsets(text)
+        byte_at = byte_offsets(text)
         tokens: list[Token] = []
         if add_special_tokens:
             tokens.append(Token(CLS_ID, SPECIAL_TOKENS[CLS_ID], True, None, None))

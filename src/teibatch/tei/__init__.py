@@ -1,4 +1,5 @@
-"""The TEI client: limits from ``/info``, request packing, typed errors, retries, a pool of servers."""
+"""The TEI client: limits from ``/info``, request packing, typed errors, retries, a pool of servers, and
+the servers' ``/tokenize`` as a token counter."""
 
 from teibatch.tei.client import EmbedRequest, TeiClient, error_from_response, tls_context, tls_settings
 from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
@@ -13,6 +14,7 @@ from teibatch.tei.packing import (
     choose_route,
 )
 from teibatch.tei.pool import EndpointPool, Server
+from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
 from teibatch.tei.window import ConcurrencyWindow
 from teibatch.tei.work import Failure
 
@@ -30,9 +32,11 @@ __all__ = [
     "EndpointPool",
     "Failure",
     "RequestPacker",
+    "RouteTokenCounter",
     "Server",
     "ServerInfo",
     "TeiClient",
+    "TokenizeStats",
     "choose_route",
     "decode_vectors",
     "embed_texts",

