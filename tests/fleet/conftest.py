@@ -217,6 +217,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
 
 LAMBDA_KEY = "lambda-test-key-" + "9" * 24
 RUNPOD_KEY = "runpod-test-key-" + "7" * 24
+VAST_KEY = "vast-test-key-" + "5" * 26
 
 
 @pytest.fixture
@@ -253,6 +254,21 @@ def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: Non
     monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
     monkeypatch.setenv("TEIBATCH_RUNPOD_API_URL", fake.rest_url)
     monkeypatch.setenv("TEIBATCH_RUNPOD_GRAPHQL_URL", fake.graphql_url)
+    with fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_vast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
+    """A fake Vast.ai on 127.0.0.1 whose instances are ``teibatch serve`` processes; key and address in the
+    environment."""
+    from tests.fleet.fake_vast import FakeVast
+
+    workdir = tmp_path / "vast"
+    workdir.mkdir()
+    fake = FakeVast(VAST_KEY, workdir)
+    monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
+    monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
     with fake:
         yield fake
 

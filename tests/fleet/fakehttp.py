@@ -64,6 +64,9 @@ class FakeApi:
             def do_POST(self) -> None:
                 self._serve("POST")
 
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
 
