@@ -19,11 +19,12 @@ from click.testing import CliRunner
 from teibatch.cli_fleet import fleet
 from teibatch.errors import CapacityUnavailable, CloudApiError, JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
-from teibatch.fleet.offers import GpuWant
+from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.offers import GpuWant, Offer
 from teibatch.fleet.vast import VastApi, VastProvider, bid_for
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.plan import estimate_run
+from teibatch.pipeline.plan import card_estimate, estimate_run
 from teibatch.pipeline.providers import provider_for
 from tests.fleet.conftest import VAST_KEY, kill_when_ready
 from tests.fleet.fake_vast import FakeVast
@@ -255,3 +256,16 @@ def test_sigkill_then_fleet_sweep_destroys_the_instances(fake_vast: FakeVast, tm
     assert "killed: destroyed" in swept.output
     assert fake_vast.alive() == 0
     assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
+
+
+@pytest.mark.parametrize(("interruptible", "price", "cost"), [
+    pytest.param(False, 0.40, 0.49, id="on-demand"),
+    pytest.param(True, 0.275, 0.34, id="spot"),
+])
+def test_the_worked_cost_example_of_the_docs(interruptible: bool, price: float, cost: float) -> None:
+    offer = Offer(cloud="vast", key="1001", gpu="RTX 4090", vram_gb=24, price_per_hour=price,
+                  interruptible=interruptible, compute_capability="8.9")
+    card = card_estimate(offer, tokens=500_000_000, count=4, startup_s=900, billing=billing_rules()["vast"],
+                         parameters=33_400_000, bench_tokens_per_s=None)
+    assert card.tokens_per_s == pytest.approx(617_515, abs=1) and card.billed_seconds == 1103
+    assert card.gpu_hours == pytest.approx(1.23, abs=0.005) and card.cost == pytest.approx(cost, abs=0.005)
