@@ -289,6 +289,23 @@ def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.
             driver.wait()
 
 
+def sweep_destroys_what_the_killed_run_left(alive: Callable[[], int], instance: str) -> None:
+    """``fleet list`` shows ``instance`` from the ledger and from the cloud; ``fleet sweep`` destroys it."""
+    from click.testing import CliRunner
+
+    from teibatch.cli_fleet import fleet
+    from teibatch.fleet.clouds import run_of
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
+    assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == {("ledger", instance), ("cloud", instance)}
+    swept = runner.invoke(fleet, ["sweep"])
+    assert swept.exit_code == 0, swept.output
+    assert f"{run_of(instance)}: destroyed" in swept.output
+    assert alive() == 0
+    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
+
+
 def first_commit(out: Path) -> bool:
     """Whether the output at ``out`` has committed a shard yet."""
     try:

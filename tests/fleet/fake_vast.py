@@ -30,18 +30,12 @@ loading), ``fail_after_create`` (creates that make the instance, then answer 503
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.fake_runpod import _free_port
-from tests.fleet.fakehttp import FakeApi
+from tests.fleet.fakehttp import ContainerFake
 
 
 def _offer(offer_id: int, gpu: str, ram_mb: int, cap: int, price: float, min_bid: float,
@@ -65,15 +59,13 @@ OPS = {"eq": lambda a, b: a == b, "gte": lambda a, b: a >= b, "lte": lambda a, b
        "in": lambda a, b: a in b}
 
 
-class FakeVast(FakeApi):
+class FakeVast(ContainerFake):
     """Vast's offers and instances; ``searches``, ``creates``, ``create_attempts`` and ``destroys`` record calls."""
 
     def __init__(self, api_key: str, workdir: Path) -> None:
-        super().__init__(api_key)
-        self.workdir = workdir
+        super().__init__(api_key, workdir)
         self.offers = [dict(o) for o in OFFERS]
         self.instances: dict[int, dict[str, Any]] = {}
-        self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.searches: list[dict[str, Any]] = []
         self.creates: list[dict[str, Any]] = []
         self.create_attempts: list[int] = []
@@ -99,15 +91,7 @@ class FakeVast(FakeApi):
         """Instances not destroyed, and instance processes still running: both must end at 0."""
         with self.lock:
             live = sum(1 for i in self.instances.values() if i["cur_state"] != "unloaded")
-            return live + sum(1 for p in self.processes.values() if p.poll() is None)
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        super().stop()
+            return live + self.running()
 
     def _search(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         kind = body["type"]
@@ -152,19 +136,9 @@ class FakeVast(FakeApi):
 
     def _start(self, instance: dict[str, Any], body: dict[str, Any]) -> None:
         """Run the container: TEI's router command line, with the built-in server for the router."""
-        command = list(body["args"])
         assert body["runtype"] == "args" and body["onstart"] == "timeout", body
-        assert command[0] == "-k" and command[3] == "text-embeddings-router", command
         assert body["env"]["-p 80:80"] == "1"
-        deadline, router_args = command[2], command[4:]
-        port = _free_port()
-        log = open(self.workdir / f"{instance['label']}.log", "ab")  # noqa: SIM115 - handed to the child
-        serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
-                 "--api-key", body["env"]["API_KEY"], *router_args]
-        env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
-        self.processes[instance["id"]] = subprocess.Popen(["timeout", "-k", "5", deadline, *serve], stdout=log,
-                                                          stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                                          start_new_session=True)
+        port = self.run_router(instance["id"], instance["label"], list(body["args"]), body["env"]["API_KEY"])
         instance.update(actual_status="running", public_ipaddr="127.0.0.1",
                         ports={"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)},
                                           {"HostIp": "::", "HostPort": str(port)}]})
@@ -198,9 +172,5 @@ class FakeVast(FakeApi):
                 return gone
             self.instances[instance_id].update(cur_state="unloaded", actual_status="exited", intended_status="stopped")
             self.destroys.append(instance_id)
-            process = self.processes.get(instance_id)
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        self.kill(instance_id)
         return 200, {"success": True}

@@ -6,7 +6,6 @@ proves that neither the Vast API key nor the run's TEI key appears in anything w
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from teibatch.cli_fleet import fleet
 from teibatch.errors import CapacityUnavailable, CloudApiError, JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
 from teibatch.fleet.catalog import billing_rules
@@ -26,7 +23,7 @@ from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.plan import card_estimate, estimate_run
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import VAST_KEY, kill_when_ready
+from tests.fleet.conftest import VAST_KEY, kill_when_ready, sweep_destroys_what_the_killed_run_left
 from tests.fleet.fake_vast import FakeVast
 from tests.fleet.test_lambda import _env
 from tests.fleet.test_run_ssh import corpus, files_under
@@ -247,15 +244,7 @@ def test_sigkill_then_fleet_sweep_destroys_the_instances(fake_vast: FakeVast, tm
         "    time.sleep(120)\n")
     kill_when_ready([sys.executable, "-c", script], _env(tmp_path))
     assert fake_vast.alive() == 2  # the instance and its process outlive the driver
-    runner = CliRunner()
-    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
-    assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == \
-        {("ledger", "teibatch-killed-0"), ("cloud", "teibatch-killed-0")}
-    swept = runner.invoke(fleet, ["sweep"])
-    assert swept.exit_code == 0, swept.output
-    assert "killed: destroyed" in swept.output
-    assert fake_vast.alive() == 0
-    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
+    sweep_destroys_what_the_killed_run_left(fake_vast.alive, "teibatch-killed-0")
 
 
 @pytest.mark.parametrize(("interruptible", "price", "cost"), [
