@@ -33,6 +33,7 @@ The hierarchy::
         │   └── ExportFailed    a volume was not copied off and verified: hosts kept
         ├── GpuUnsupported      a host's GPU is refused (compute capability, image, memory)
         ├── FleetTimeout        a fleet wait passed its deadline
+        ├── CloudApiError       a GPU cloud's API answered with an error (status_code; 5xx: retryable)
         └── SshError            an SSH connection or a remote command failed
             ├── HostUnreachable cannot connect or log in
             ├── HostKeyRejected the host key is unknown or changed
@@ -344,6 +345,23 @@ class FleetTimeout(FleetError):
         self.what = what
         self.seconds = seconds
         super().__init__(message)
+
+
+class CloudApiError(FleetError):
+    """A GPU cloud's API answered a call with an error; ``status_code`` is its HTTP status.
+
+    ``retryable`` (a 429 or 5xx: the cloud's own trouble) means the call may be tried again, and that
+    a create call may still have made its instance: teibatch looks it up by name. Any other status
+    is the cloud refusing the call: the message quotes its reason (a wrong key, a bad request).
+    """
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+    @property
+    def retryable(self) -> bool:
+        return self.status_code == 429 or self.status_code >= 500
 
 
 class SshError(FleetError):

@@ -96,11 +96,12 @@ class StaticServerSection(_Section):
         return url.rstrip("/")
 
 
-CLOUD_PROVIDERS = ("lambda", "runpod")
+CLOUD_PROVIDERS = ("lambda", "runpod", "vast")
+SPOT_PROVIDERS = ("vast",)   # clouds whose spot (interruptible) capacity teibatch rents
 
 
 class ServersSection(_Section):
-    provider: Literal["local", "static", "ssh", "lambda", "runpod"] = "local"
+    provider: Literal["local", "static", "ssh", "lambda", "runpod", "vast"] = "local"
     count: int = Field(DEFAULT_LOCAL_SERVERS, ge=1, le=64)
     urls: tuple[StaticServerSection, ...] = ()
     api_key_env: str | None = None
@@ -112,10 +113,12 @@ class ServersSection(_Section):
     image: str | None = None
     volume: str | None = None
     remove_volume: bool = False
-    # GPU clouds (lambda, runpod): which cards to rent
+    # GPU clouds (lambda, runpod, vast): which cards to rent
     gpu: tuple[str, ...] = ()                       # GPU names, any of them ("A10", "RTX 4090")
     min_vram_gb: int | None = Field(None, ge=1)
-    max_price: float | None = Field(None, gt=0)     # USD per card-hour
+    max_price: float | None = Field(None, gt=0)     # USD per card-hour (spot: the highest bid)
+    capacity: Literal["on-demand", "spot", "any"] = "on-demand"   # any: spot first, else on-demand
+    min_reliability: float | None = Field(None, ge=0, le=1)       # vast: the machines' reliability score
     regions: tuple[str, ...] = ()                   # lambda regions / runpod data centers, in order of preference
     max_replacements: int = Field(2, ge=0, le=20)   # instances never healthy, replaced at most this often in all
     ssh_key_name: str | None = None                 # lambda: the SSH key registered with Lambda Cloud
@@ -124,7 +127,7 @@ class ServersSection(_Section):
     ssh_port: int = Field(22, ge=1, le=65535)       # lambda
     network_volume_id: str | None = None            # runpod: keep the model weights in this network volume
     cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"   # runpod
-    container_disk_gb: int = Field(40, ge=1)        # runpod
+    container_disk_gb: int = Field(40, ge=1)        # runpod, vast
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -156,8 +159,20 @@ class ServersSection(_Section):
                              "Lambda Cloud account (and servers.key_file: its private key, unless OpenSSH finds it)")
         cloud_only = [k for k in ("gpu", "min_vram_gb", "max_price", "regions", "ssh_key_name", "network_volume_id")
                       if getattr(self, k)]
+        if self.capacity != "on-demand":
+            cloud_only.append("capacity")
         if self.provider not in CLOUD_PROVIDERS and cloud_only:
-            raise ValueError(f"servers.{cloud_only[0]} is for the GPU clouds (provider lambda or runpod)")
+            raise ValueError(f"servers.{cloud_only[0]} is for the GPU clouds (provider lambda, runpod or vast)")
+        if self.provider in CLOUD_PROVIDERS and self.provider not in SPOT_PROVIDERS and self.capacity != "on-demand":
+            raise ValueError(f"servers.capacity: {self.capacity}: spot capacity for {self.provider} is not supported "
+                             f"yet; use capacity: on-demand, or provider {' or '.join(SPOT_PROVIDERS)}")
+        if self.min_reliability is not None and self.provider != "vast":
+            raise ValueError("servers.min_reliability is for provider vast (the marketplace's machine reliability)")
+        if self.provider == "vast":
+            for key in ("regions", "network_volume_id", "ssh_key_name"):
+                if getattr(self, key):
+                    raise ValueError(f"servers.{key} is not supported by provider vast (its offers are single "
+                                     "machines: choose them by gpu, min_vram_gb, max_price and min_reliability)")
         return self
 
 

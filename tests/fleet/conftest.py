@@ -217,6 +217,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
 
 LAMBDA_KEY = "lambda-test-key-" + "9" * 24
 RUNPOD_KEY = "runpod-test-key-" + "7" * 24
+VAST_KEY = "vast-test-key-" + "5" * 26
 
 
 @pytest.fixture
@@ -257,6 +258,21 @@ def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: Non
         yield fake
 
 
+@pytest.fixture
+def fake_vast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
+    """A fake Vast.ai on 127.0.0.1 whose instances are ``teibatch serve`` processes; key and address in the
+    environment."""
+    from tests.fleet.fake_vast import FakeVast
+
+    workdir = tmp_path / "vast"
+    workdir.mkdir()
+    fake = FakeVast(VAST_KEY, workdir)
+    monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
+    monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
+    with fake:
+        yield fake
+
+
 def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.0) -> None:
     """Run a driver ``command`` until it prints ``ready``, then SIGKILL it (no cleanup of any kind)."""
     driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -271,6 +287,23 @@ def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def sweep_destroys_what_the_killed_run_left(alive: Callable[[], int], instance: str) -> None:
+    """``fleet list`` shows ``instance`` from the ledger and from the cloud; ``fleet sweep`` destroys it."""
+    from click.testing import CliRunner
+
+    from teibatch.cli_fleet import fleet
+    from teibatch.fleet.clouds import run_of
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
+    assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == {("ledger", instance), ("cloud", instance)}
+    swept = runner.invoke(fleet, ["sweep"])
+    assert swept.exit_code == 0, swept.output
+    assert f"{run_of(instance)}: destroyed" in swept.output
+    assert alive() == 0
+    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
 
 
 def first_commit(out: Path) -> bool:

@@ -30,19 +30,13 @@ never start), ``slow_creates``/``create_delay_s`` (made, answered late).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.fakehttp import FakeApi
+from tests.fleet.fakehttp import ContainerFake
 
 GPU_TYPES = [
     {"id": "NVIDIA GeForce RTX 4090", "displayName": "RTX 4090", "memoryInGb": 24, "securePrice": 0.69,
@@ -58,20 +52,13 @@ NO_CAPACITY = ("create pod: There are no longer any instances available with the
                "Please refresh and try again.")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
-
-class FakeRunPod(FakeApi):
+class FakeRunPod(ContainerFake):
     """RunPod's pod API and GPU price query; ``creates`` and ``terminates`` record every pod made and ended."""
 
     def __init__(self, api_key: str, workdir: Path) -> None:
-        super().__init__(api_key)
-        self.workdir = workdir
+        super().__init__(api_key, workdir)
         self.pods: dict[str, dict[str, Any]] = {}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.creates: list[dict[str, Any]] = []
         self.create_attempts: list[str] = []
         self.terminates: list[str] = []
@@ -97,15 +84,7 @@ class FakeRunPod(FakeApi):
         """Pods not terminated, and pod processes still running: both must end at 0."""
         with self.lock:
             pods = sum(1 for p in self.pods.values() if p["desiredStatus"] != "TERMINATED")
-            return pods + sum(1 for p in self.processes.values() if p.poll() is None)
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        super().stop()
+            return pods + self.running()
 
     def _graphql(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         text = body["query"]
@@ -150,17 +129,8 @@ class FakeRunPod(FakeApi):
 
     def _start(self, pod: dict[str, Any]) -> None:
         """Run the container: TEI's router command line, with the built-in server for the router."""
-        entry, command = pod["dockerEntrypoint"], list(pod["dockerStartCmd"])
-        assert entry == ["timeout"] and command[0] == "-k" and command[3] == "text-embeddings-router", (entry, command)
-        deadline, router_args = command[2], command[4:]
-        port = _free_port()
-        log = open(self.workdir / f"{pod['name']}.log", "ab")  # noqa: SIM115 - handed to the child
-        serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
-                 "--api-key", pod["env"]["API_KEY"], *router_args]
-        env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
-        self.processes[pod["id"]] = subprocess.Popen(["timeout", "-k", "5", deadline, *serve], stdout=log,
-                                                     stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                                     start_new_session=True)
+        assert pod["dockerEntrypoint"] == ["timeout"], pod["dockerEntrypoint"]
+        port = self.run_router(pod["id"], pod["name"], list(pod["dockerStartCmd"]), pod["env"]["API_KEY"])
         pod.update(publicIp="127.0.0.1", portMappings={"80": port})
 
     @staticmethod
@@ -185,9 +155,5 @@ class FakeRunPod(FakeApi):
                 return 404, {"error": "pod not found", "status": 404}
             pod["desiredStatus"] = "TERMINATED"
             self.terminates.append(pod["id"])
-            process = self.processes.get(pod["id"])
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        self.kill(pod["id"])
         return 200, None

@@ -2,16 +2,25 @@
 
 A fake subclasses :class:`FakeApi` and registers ``(method, path regex) → handler``; a handler gets the
 match, the decoded body and the query, and returns ``(status, body)``. Requests without the expected
-``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer.
+``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. A container
+cloud's fake (:class:`ContainerFake`) runs each container as TEI's router command line, with the
+built-in server for the router.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -64,6 +73,9 @@ class FakeApi:
             def do_POST(self) -> None:
                 self._serve("POST")
 
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
 
@@ -92,3 +104,51 @@ class FakeApi:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class ContainerFake(FakeApi):
+    """A fake whose containers are ``timeout <deadline> python -m teibatch serve --api-key <key> <router args>``
+    processes on free 127.0.0.1 ports (``processes``, by instance id); all killed by :meth:`stop`."""
+
+    def __init__(self, api_key: str, workdir: Path) -> None:
+        super().__init__(api_key)
+        self.workdir = workdir
+        self.processes: dict[Any, subprocess.Popen[bytes]] = {}
+
+    def run_router(self, instance_id: Any, name: str, command: list[str], api_key: str) -> int:
+        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``;
+        the port it listens on."""
+        assert command[0] == "-k" and command[3] == "text-embeddings-router", command
+        deadline, router_args = command[2], command[4:]
+        port = free_port()
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
+                 "--api-key", api_key, *router_args]
+        env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
+        self.processes[instance_id] = subprocess.Popen(["timeout", "-k", "5", deadline, *serve], stdout=log,
+                                                       stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                                       start_new_session=True)
+        return port
+
+    def running(self) -> int:
+        """Container processes still running."""
+        return sum(1 for p in self.processes.values() if p.poll() is None)
+
+    def kill(self, instance_id: Any) -> None:
+        """What destroying an instance does to its container: it is gone."""
+        process = self.processes.get(instance_id)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for instance_id in list(self.processes):
+            self.kill(instance_id)
+        super().stop()

@@ -201,7 +201,9 @@ def test_credentials_come_from_the_environment_or_the_lambda_keys_file(tmp_path:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "TEIBATCH_STATE_DIR": str(tmp_path / "state"), "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # this checkout's source first, whatever teibatch the environment has installed
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
 
 
 @pytest.mark.timeout(150)

@@ -27,8 +27,9 @@ def test_choose_offers_filters_and_orders() -> None:
               offer("Mystery X1 (24 GB)", 0.10), offer("H100 (80 GB SXM5)", 2.49, 80)]
     choice = choose_offers(offers, GpuWant(min_vram_gb=20, max_price=2.0, regions=("r1", "r2")),
                            "BAAI/bge-small-en-v1.5")
-    assert [(o.gpu, o.region) for o in choice.usable] == [("A10 (24 GB PCIe)", "r1"), ("A10 (24 GB PCIe)", "r2"),
-                                                         ("A100 (40 GB SXM4)", "r1")]
+    # per unit of throughput: $1.29 / 312 TFLOPS (A100) before $0.75 / 125 TFLOPS (A10)
+    assert [(o.gpu, o.region) for o in choice.usable] == [("A100 (40 GB SXM4)", "r1"), ("A10 (24 GB PCIe)", "r1"),
+                                                         ("A10 (24 GB PCIe)", "r2")]
     reasons = {o.gpu: r for o, r in choice.refused}
     assert reasons["Tesla V100 (16 GB)"] == "less than 20 GB of memory"
     assert "unknown GPU family" in reasons["Mystery X1 (24 GB)"]
@@ -40,3 +41,16 @@ def test_v100_is_refused_and_big_models_need_memory() -> None:
     assert not choice.usable and "7.5" in choice.why_none()
     small = choose_offers([offer("Tesla T4 (16 GB)", 0.40, 16)], GpuWant(), "Qwen/Qwen3-Embedding-8B")
     assert not small.usable and "needs about" in small.why_none()
+
+
+def test_cards_without_a_throughput_figure_come_after_cheapest_first() -> None:
+    offers = [offer("RTX A5000", 0.20), offer("RTX A4000", 0.15, 16), offer("RTX 4090", 0.60)]
+    choice = choose_offers(offers, GpuWant(), None)
+    assert [o.gpu for o in choice.usable] == ["RTX 4090", "RTX A4000", "RTX A5000"]
+
+
+def test_the_clouds_own_compute_capability_picks_the_image() -> None:
+    known = Offer(cloud="vast", key="7", gpu="RTX 4090D", vram_gb=24, price_per_hour=0.3, compute_capability="8.9")
+    old = Offer(cloud="vast", key="8", gpu="GTX 1080 Ti", vram_gb=11, price_per_hour=0.1, compute_capability="6.1")
+    choice = choose_offers([known, old], GpuWant(), None)
+    assert choice.usable == (known,) and "7.5" in choice.why_none()

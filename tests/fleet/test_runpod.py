@@ -6,7 +6,6 @@ that neither the RunPod API key nor the run's TEI key appears in anything writte
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from pathlib import Path
@@ -15,9 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from teibatch.cli_fleet import fleet
 from teibatch.errors import JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
 from teibatch.fleet.offers import GpuWant
@@ -25,7 +22,12 @@ from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import RUNPOD_KEY, kill_when_ready, signal_after_first_commit
+from tests.fleet.conftest import (
+    RUNPOD_KEY,
+    kill_when_ready,
+    signal_after_first_commit,
+    sweep_destroys_what_the_killed_run_left,
+)
 from tests.fleet.fake_runpod import FakeRunPod
 from tests.fleet.test_lambda import _env
 from tests.fleet.test_run_ssh import corpus, files_under
@@ -161,12 +163,4 @@ def test_sigkill_then_fleet_sweep_terminates_the_pods(fake_runpod: FakeRunPod, t
         "    time.sleep(120)\n")
     kill_when_ready([sys.executable, "-c", script], _env(tmp_path))
     assert fake_runpod.alive() == 2  # the pod and its process outlive the driver
-    runner = CliRunner()
-    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
-    assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == \
-        {("ledger", "teibatch-killed-0"), ("cloud", "teibatch-killed-0")}
-    swept = runner.invoke(fleet, ["sweep"])
-    assert swept.exit_code == 0, swept.output
-    assert "killed: destroyed" in swept.output
-    assert fake_runpod.alive() == 0
-    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
+    sweep_destroys_what_the_killed_run_left(fake_runpod.alive, "teibatch-killed-0")

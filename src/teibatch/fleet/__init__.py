@@ -22,6 +22,7 @@ from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.ssh import SshHost, SshProvider, read_inventory
 from teibatch.fleet.static import StaticProvider
 from teibatch.fleet.sweep import SweepResult, sweep
+from teibatch.fleet.vast import VastApi, VastProvider
 
 __all__ = [
     "Capability",
@@ -46,6 +47,8 @@ __all__ = [
     "SshProvider",
     "StaticProvider",
     "SweepResult",
+    "VastApi",
+    "VastProvider",
     "docker_engine_available",
     "finish",
     "read_inventory",

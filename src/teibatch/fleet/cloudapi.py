@@ -1,14 +1,15 @@
 """The HTTP boundary of the GPU clouds: one small JSON client, the clouds' credentials, error mapping.
 
-Every cloud module (:mod:`~teibatch.fleet.lambdacloud`, :mod:`~teibatch.fleet.runpod`) talks to its
-API through :class:`ApiClient`; this is the one place where httpx errors and a cloud's error answers
-become teibatch errors:
+Every cloud module (:mod:`~teibatch.fleet.lambdacloud`, :mod:`~teibatch.fleet.runpod`,
+:mod:`~teibatch.fleet.vast`) talks to its API through :class:`ApiClient`; this is the one place where
+httpx errors and a cloud's error answers become teibatch errors:
 
 * no answer within the timeout → :class:`~teibatch.errors.FleetTimeout` (``what`` names the call; a
   create call that timed out may still have made its instance: callers look it up by name)
 * what the cloud's ``classify`` calls "no capacity" / "offer gone" → :class:`~teibatch.errors.CapacityUnavailable`
-* 404 → ``None`` where the caller allows it (an instance already gone counts as destroyed)
-* anything else → :class:`~teibatch.errors.FleetError` with the cloud's own message
+* 404 and 410 → ``None`` where the caller allows it (an instance already gone counts as destroyed)
+* anything else → :class:`~teibatch.errors.CloudApiError` with the HTTP status and the cloud's own
+  message (``retryable`` for 429 and 5xx: a create call so answered may still have made its instance)
 
 The API key goes in the ``Authorization`` header only; it is in no message, log line or ``repr``.
 Keys come from the environment or the cloud's usual config file, never from the job file.
@@ -24,12 +25,13 @@ from typing import Any
 
 import httpx
 
-from teibatch.errors import FleetError, FleetTimeout, JobSpecError
+from teibatch.errors import CloudApiError, FleetError, FleetTimeout, JobSpecError
 
 DEFAULT_API_TIMEOUT_S = 30.0
 MESSAGE_LIMIT = 300
 
-#: classify(status, body) → the error type for a failed answer (CapacityUnavailable or FleetError)
+#: classify(status, body) → the error type for a failed answer (CapacityUnavailable, or FleetError for
+#: "not a capacity problem": raised as CloudApiError)
 Classifier = Callable[[int, Any], type[FleetError]]
 
 
@@ -94,7 +96,7 @@ class ApiClient:
 
     def call(self, method: str, path: str, *, what: str, json: Any = None, params: Mapping[str, str] | None = None,
              missing_ok: bool = False, timeout: float | None = None) -> Any:
-        """Send one request and return its decoded JSON body (``None`` for a 404 when ``missing_ok``)."""
+        """Send one request and return its decoded JSON body (``None`` for a 404 or 410 when ``missing_ok``)."""
         try:
             response = self._http.request(method, path, json=json, params=params,
                                           timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
@@ -109,19 +111,26 @@ class ApiClient:
             body = response.json() if response.content else None
         except ValueError:
             body = response.text[:MESSAGE_LIMIT]
-        if response.status_code == 404 and missing_ok:
+        status = response.status_code
+        if status in (404, 410) and missing_ok:
             return None
-        if response.status_code >= 400:
-            error = self._classify(response.status_code, body)
-            if response.status_code in (401, 403) and error is FleetError:
-                raise FleetError(f"{self.cloud}: {what}: the API refused the API key ({response.status_code}); "
-                                 "check the key in the environment or the config file")
-            raise error(f"{self.cloud}: {what}: {response.status_code} {message_of(body)}")
+        if status >= 400:
+            error = self._classify(status, body)
+            if error is not FleetError:
+                raise error(f"{self.cloud}: {what}: {status} {message_of(body)}")
+            if status in (401, 403):
+                raise CloudApiError(f"{self.cloud}: {what}: the API refused the API key ({status}); "
+                                    "check the key in the environment or the config file", status_code=status)
+            raise CloudApiError(f"{self.cloud}: {what}: {status} {message_of(body)}", status_code=status)
         return body
 
 
 def message_of(body: Any) -> str:
-    """A short, single-line message from an error body (``{"error": {"message": ...}}`` and the like)."""
+    """A short, single-line message from an error body (``{"error": {"message": ...}}`` and the like;
+    Vast's ``{"error": <code>, "msg": <text>}`` gives both)."""
+    if isinstance(body, Mapping) and isinstance(body.get("msg"), str):
+        code = body.get("error")
+        body = f"{code}: {body['msg']}" if isinstance(code, str) and code else body["msg"]
     if isinstance(body, Mapping):
         inner = body.get("error", body.get("errors", body.get("message", body)))
         if isinstance(inner, list) and inner:

@@ -20,11 +20,12 @@ from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
+from teibatch.fleet.vast import VastApi, VastProvider
 
 log = logging.getLogger(__name__)
 
 #: cloud provider name → how to open its API (credentials from the environment or its config file)
-API_OPENERS: dict[str, Callable[[], CloudApi]] = {"lambda": LambdaApi, "runpod": RunPodApi}
+API_OPENERS: dict[str, Callable[[], CloudApi]] = {"lambda": LambdaApi, "runpod": RunPodApi, "vast": VastApi}
 
 
 @dataclass(frozen=True)
@@ -98,4 +99,6 @@ def restore(record: Mapping[str, Any], ledger: Ledger) -> Provider | None:
         return LambdaProvider.restore(record, ledger, LambdaApi())
     if kind == "runpod":
         return RunPodProvider.restore(record, ledger, RunPodApi())
+    if kind == "vast":
+        return VastProvider.restore(record, ledger, VastApi())
     return None

@@ -1,10 +1,13 @@
 """What a GPU cloud offers, and which of its offers a run may rent.
 
 An :class:`Offer` is one thing a cloud's create call can be asked for (a Lambda instance type in a
-region, a RunPod GPU type), with the price its API gives now. :func:`choose_offers` keeps the ones the
-job allows — the GPU it names, or enough memory under a price cap — and that TEI can run: a known
-compute capability of 7.5 or more with an image in ``configs/images.yaml``, and memory enough for
-the model (the same checks as a host of provider ``ssh``). Pure functions: nothing here calls a cloud.
+region, a RunPod GPU type, one Vast machine), with the price its API gives now. :func:`choose_offers`
+keeps the ones the job allows — the GPU it names, or enough memory under a price cap — and that TEI
+can run: a known compute capability of 7.5 or more with an image in ``configs/images.yaml``, and
+memory enough for the model (the same checks as a host of provider ``ssh``). It orders them by price
+per unit of throughput: the price over the card's FP16 TFLOPS in ``configs/clouds.yaml`` (an
+estimate from datasheets, not a measurement); cards without that figure come after, cheapest first.
+Pure functions: nothing here calls a cloud.
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ class Offer:
     key: str
     gpu: str                      # the cloud's own name of the GPU
     vram_gb: int
-    price_per_hour: float         # USD per card-hour, as the cloud's API gives it now
+    price_per_hour: float         # USD per card-hour, as the cloud's API gives it now (a bid: what is bid)
     region: str | None = None
+    interruptible: bool = False   # spot capacity: the cloud may take the instance back
+    compute_capability: str | None = None   # the cloud's own figure, where its API gives one
+    family: str | None = None     # marketplaces: what offers of one GPU model share (else the key does)
 
     @property
     def label(self) -> str:
-        return f"{self.key}@{self.region}" if self.region else self.key
+        label = f"{self.key}@{self.region}" if self.region else self.key
+        return f"{label} (interruptible)" if self.interruptible else label
 
     @property
     def card(self) -> CloudCard | None:
@@ -50,7 +57,8 @@ class GpuWant:
 
 @dataclass(frozen=True)
 class OfferChoice:
-    """The offers a run may rent, best first (cheapest, then the job's region order), and why others may not."""
+    """The offers a run may rent, best first (cheapest per unit of throughput, then the job's region order),
+    and why others may not."""
 
     usable: tuple[Offer, ...]
     refused: tuple[tuple[Offer, str], ...]
@@ -73,9 +81,10 @@ def card_of(gpu: str) -> CloudCard | None:
 def gpu_info(offer: Offer) -> GpuInfo | None:
     """The offer's card as the image table and the fit check see it (``None``: an unknown family)."""
     card = offer.card
-    if card is None:
+    capability = offer.compute_capability or (card.compute_capability if card is not None else None)
+    if capability is None:
         return None
-    return GpuInfo(name=offer.gpu, compute_capability=card.compute_capability, memory_mib=offer.vram_gb * 1024)
+    return GpuInfo(name=offer.gpu, compute_capability=capability, memory_mib=offer.vram_gb * 1024)
 
 
 def names_match(wanted: str, gpu: str) -> bool:
@@ -114,8 +123,10 @@ def choose_offers(offers: list[Offer], want: GpuWant, model_id: str | None, *, i
         else:
             refused.append((offer, reason))
 
-    def rank(offer: Offer) -> tuple[float, int, str]:
+    def rank(offer: Offer) -> tuple[bool, float, float, int, str]:
         region = want.regions.index(offer.region) if offer.region in want.regions else len(want.regions)
-        return (offer.price_per_hour, region, offer.label)
+        tflops = offer.card.fp16_tflops if offer.card is not None else None
+        per_unit = offer.price_per_hour / tflops if tflops else 0.0
+        return (not tflops, per_unit, offer.price_per_hour, region, offer.label)
 
     return OfferChoice(tuple(sorted(usable, key=rank)), tuple(refused))

@@ -1,13 +1,15 @@
 """Renting cloud instances for one run, so that nothing rented is ever forgotten.
 
-What providers ``lambda`` and ``runpod`` share. Every instance is named ``teibatch-<run id>-<n>``
+What providers ``lambda``, ``runpod`` and ``vast`` share. Every instance is named ``teibatch-<run id>-<n>``
 (the name is the cloud-side label), and its ledger entry is written **before** the create call, so:
 
-* a create call that times out is followed by a look-up by name: an instance that was made is adopted;
+* a create call that times out, or that the cloud answers with a 429/5xx, is followed by a look-up by
+  name: an instance that was made is adopted, else the next offer is tried;
 * :meth:`Rental.leftovers` finds every instance of the run by its name prefix, also those whose
   create call never answered, for teardown and ``teibatch fleet sweep``;
 * an offer that has no capacity (or is gone) moves on to the next offer;
-* every wait has a deadline; a terminate that finds nothing counts as done.
+* every wait has a deadline; a terminate that finds nothing counts as done, one answered with a
+  429/5xx is sent again until its deadline.
 
 The cloud-specific part is a :class:`CloudApi`: a small client over the cloud's own API.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from teibatch.errors import CapacityUnavailable, FleetError, FleetTimeout, TeardownIncomplete
+from teibatch.errors import CapacityUnavailable, CloudApiError, FleetError, FleetTimeout, TeardownIncomplete
 from teibatch.fleet.base import InstanceState
 from teibatch.fleet.catalog import BillingRule
 from teibatch.fleet.hosted import container_name
@@ -119,8 +121,8 @@ class Rental:
     def rent(self, name: str, offers: tuple[Offer, ...], create: Callable[[str, Offer], str]) -> Rented | None:
         """Create ``name`` from the first offer that has capacity; ``None`` when none had (``error`` says why).
 
-        The ledger holds the name before each create call; a create call that timed out is followed by a
-        look-up by name, and an instance found is adopted.
+        The ledger holds the name before each create call; a create call that timed out or got a 429/5xx
+        is followed by a look-up by name, and an instance found is adopted.
         """
         item = self.rented.setdefault(name, Rented(name))
         self.note(name, InstanceState.REQUESTED, cloud=self.api.name, host=None)  # raises: nothing is created
@@ -135,7 +137,9 @@ class Rental:
                 reasons.append(f"{offer.label}: {exc}")
                 log.info("%s: %s; trying the next offer", name, exc)
                 continue
-            except FleetTimeout as exc:
+            except (FleetTimeout, CloudApiError) as exc:
+                if isinstance(exc, CloudApiError) and not exc.retryable:
+                    raise
                 found = self.find(name)
                 if found is None:
                     reasons.append(f"{offer.label}: {exc}")
@@ -143,7 +147,7 @@ class Rental:
                                 "teardown looks for it again by name", name, exc)
                     continue
                 item.id = found.id
-                log.warning("%s: the create call timed out but the instance was made: adopted", name)
+                log.warning("%s: the create call failed (%s) but the instance was made: adopted", name, exc)
             self.note(name, None, cloud_id=item.id)
             return item
         item.error = "; ".join(reasons) or "no offer"
@@ -223,7 +227,15 @@ class Rental:
             item.id = found.id
             self.note(item.name, None, cloud_id=item.id)
         deadline = time.monotonic() + timeout
-        self.api.terminate(item.id)
+        while True:
+            try:
+                self.api.terminate(item.id)
+                break
+            except CloudApiError as exc:
+                if not exc.retryable or time.monotonic() >= deadline:
+                    raise
+                log.warning("%s: %s; sending the terminate again", item.name, exc)
+                time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
         while True:
             seen = self.api.get(item.id)
             if seen is None or seen.state is CloudState.GONE:

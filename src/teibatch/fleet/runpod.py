@@ -21,25 +21,17 @@ never deletes; without one the job must waive the export (the container disk goe
 
 from __future__ import annotations
 
-import logging
-import secrets
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from teibatch.endpoint import Endpoint
-from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet.base import Capability, Instance, InstanceState, LaunchSpec, Provider, wait_healthy
-from teibatch.fleet.catalog import billing_rules, image_table
+from teibatch.errors import CapacityUnavailable, FleetError
+from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, message_of, read_api_key
-from teibatch.fleet.hosted import DEADLINE_MARGIN_S, DEFAULT_STARTUP_TIMEOUT_S, UNBOUNDED_RUNTIME_S
-from teibatch.fleet.images import CONTAINER_PORT, KILL_AFTER_S, choose_image
-from teibatch.fleet.ledger import Ledger
-from teibatch.fleet.offers import GpuWant, Offer, choose_offers, gpu_info
-from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
-
-log = logging.getLogger(__name__)
+from teibatch.fleet.containercloud import ContainerCloudProvider
+from teibatch.fleet.images import CONTAINER_PORT
+from teibatch.fleet.offers import Offer
+from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState
 
 DEFAULT_API_URL = "https://rest.runpod.io/v1"
 DEFAULT_GRAPHQL_URL = "https://api.runpod.io/graphql"
@@ -48,7 +40,6 @@ GRAPHQL_URL_ENV = "TEIBATCH_RUNPOD_GRAPHQL_URL"
 API_KEY_ENV = "RUNPOD_API_KEY"
 API_KEY_FILE = Path("~/.runpod/config.toml")
 DEFAULT_CONTAINER_DISK_GB = 40
-DEFAULT_MAX_REPLACEMENTS = 2
 VOLUME_MOUNT = "/data"           # where TEI images keep the Hugging Face cache
 _CAPACITY_WORDS = ("no longer any instances available", "no instances available", "not enough", "out of stock",
                    "insufficient capacity", "there are no")
@@ -141,151 +132,40 @@ class RunPodApi(CloudApi):
         self._rest.call("DELETE", f"/pods/{instance_id}", what=f"terminate pod {instance_id}", missing_ok=True)
 
 
-class RunPodProvider(Provider):
+class RunPodProvider(ContainerCloudProvider):
     """``count`` RunPod GPU pods, each the TEI image for its card, reached on the public port RunPod maps.
 
     Pods are the servers and hold nothing to export (the weights live in the network volume, kept,
-    when the job names one), so ``down`` terminates them. A pod not healthy within ``startup_timeout``
-    is terminated and replaced, at most ``max_replacements`` times in all.
+    when the job names one), so ``down`` terminates them (:mod:`~teibatch.fleet.containercloud`).
     """
 
     name = "runpod"
-    capabilities = frozenset({Capability.LAUNCH, Capability.SWEEP})
+    noun = "pod"
+    console = "RunPod's console"
 
-    def __init__(self, api: RunPodApi, *, count: int, want: GpuWant, model_id: str | None, image: str | None = None,
-                 server_args: tuple[str, ...] | list[str] = (), startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
-                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS, network_volume_id: str | None = None,
-                 container_disk_gb: int = DEFAULT_CONTAINER_DISK_GB, payload_limit: int | None = None,
-                 ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S) -> None:
-        self.api = api
-        self.count = count
-        self.want = want
-        self.model_id = model_id
-        self.image = image
-        self.server_args = tuple(server_args)
-        self.startup_timeout = startup_timeout
-        self.max_replacements = max_replacements
+    def __init__(self, api: RunPodApi, *, network_volume_id: str | None = None,
+                 container_disk_gb: int = DEFAULT_CONTAINER_DISK_GB, **options: Any) -> None:
+        super().__init__(api, **options)
         self.network_volume_id = network_volume_id
         self.container_disk_gb = container_disk_gb
-        self.payload_limit = payload_limit
-        self.ledger = ledger or Ledger()
-        self.deadline_margin = deadline_margin
-        self.api_key = secrets.token_urlsafe(32)
-        self.run_id: str | None = None
-        self._rental: Rental | None = None
-        self._urls: dict[str, str] = {}
 
-    def __repr__(self) -> str:
-        return f"RunPodProvider(count={self.count}, run_id={self.run_id!r})"
+    def ledger_config(self) -> dict[str, Any]:
+        return {**super().ledger_config(), "network_volume_id": self.network_volume_id}
 
-    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
-        spec = spec or LaunchSpec(run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
-        if self._rental is not None:
-            if self.run_id == spec.run_id:
-                return self._endpoints()
-            raise FleetError(f"this runpod provider already serves run {self.run_id}")
-        self.run_id = spec.run_id
-        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=None,
-                          config={"kind": "runpod", "model_id": self.model_id,
-                                  "network_volume_id": self.network_volume_id})
-        self._rental = rental = Rental(self.api, self.ledger, spec.run_id)
-        choice = choose_offers(self.api.offers(), self.want, self.model_id, image=self.image)
-        if not choice.usable:
-            raise CapacityUnavailable(f"runpod: no GPU type this job can rent now: {choice.why_none()}")
-        deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout + self.deadline_margin)
-        reasons = rental.fill(self.count, choice.usable,
-                              lambda n, o: self.api.create(self.pod_request(n, o, deadline_s)),
-                              lambda item: self._serve(item, item.started + self.startup_timeout),
-                              startup_timeout=self.startup_timeout, max_replacements=self.max_replacements,
-                              noun="pod")
-        endpoints = self._endpoints()
-        if not endpoints:
-            raise CapacityUnavailable(f"runpod: no server became healthy: {'; '.join(reasons)}")
-        if len(endpoints) < self.count:
-            log.warning("runpod: going on with %d of %d servers: %s", len(endpoints), self.count, "; ".join(reasons))
-        return endpoints
+    def create(self, name: str, offer: Offer, deadline_s: int) -> str:
+        assert isinstance(self.api, RunPodApi)
+        return self.api.create(self.pod_request(name, offer, deadline_s))
 
     def pod_request(self, name: str, offer: Offer, deadline_s: int) -> dict[str, Any]:
         """The ``POST /pods`` body for ``offer``: TEI's image for the card, behind the host-side deadline."""
-        gpu = gpu_info(offer)
-        assert gpu is not None  # choose_offers kept only known cards
-        image = choose_image(gpu, override=self.image).image
-        command = ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", image_table().entrypoint]
-        if self.model_id:
-            command += ["--model-id", self.model_id]
+        image, command = self.router_command(offer, deadline_s)
         body: dict[str, Any] = {
-            "name": name, "imageName": image, "gpuTypeIds": [offer.key], "gpuCount": 1,
+            "name": name, "imageName": image.image, "gpuTypeIds": [offer.key], "gpuCount": 1,
             "cloudType": getattr(self.api, "cloud_type", "SECURE"), "containerDiskInGb": self.container_disk_gb,
             "volumeInGb": 0, "ports": [f"{CONTAINER_PORT}/tcp"], "supportPublicIp": True, "interruptible": False,
-            "env": {"API_KEY": self.api_key}, "dockerEntrypoint": ["timeout"],
-            "dockerStartCmd": [*command, *self.server_args]}
+            "env": {"API_KEY": self.api_key}, "dockerEntrypoint": ["timeout"], "dockerStartCmd": command}
         if self.want.regions:
             body["dataCenterIds"] = list(self.want.regions)
         if self.network_volume_id:
             body.update(networkVolumeId=self.network_volume_id, volumeMountPath=VOLUME_MOUNT)
         return body
-
-    def _serve(self, item: Rented, deadline: float) -> bool:
-        assert self._rental is not None
-        seen = item.seen
-        if seen is not None and seen.state is CloudState.READY and seen.address:
-            url = f"http://{seen.address}:{seen.ports[CONTAINER_PORT]}"
-            self._rental.note(item.name, InstanceState.RUNNING, host=f"{seen.address}:{seen.ports[CONTAINER_PORT]}")
-            if wait_healthy(url, deadline):
-                self._urls[item.name] = url
-                self._rental.note(item.name, InstanceState.HEALTHY)
-                return True
-            item.error = (f"TEI did not answer /health on {url} within servers.startup_timeout "
-                          f"({self.startup_timeout:.0f}s)")
-        else:
-            status = seen.status if seen else "unknown"
-            item.error = f"not running within servers.startup_timeout ({self.startup_timeout:.0f}s; status {status})"
-        try:
-            self._rental.terminate(item)
-        except FleetError as exc:
-            self._rental.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
-            return False
-        self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
-        return False
-
-    def _endpoints(self) -> list[Endpoint]:
-        return [Endpoint(url, self.api_key, self.payload_limit) for url in self._urls.values()]
-
-    def down(self) -> None:
-        """Terminate every pod of the run (also those found only by name); bounded, idempotent."""
-        if self._rental is None:
-            return
-        self._urls.clear()
-        problems = self._rental.terminate_all()
-        try:
-            self.ledger.release(self._rental.run_id)
-        except FleetError as exc:
-            log.error("%s", exc)
-        if problems:
-            raise TeardownIncomplete(f"run {self.run_id}: runpod pods may still run: {'; '.join(problems)}. They stop "
-                                     "serving at their deadline but cost money until terminated: run "
-                                     "`teibatch fleet sweep`, or terminate them in RunPod's console")
-
-    def instances(self) -> list[Instance]:
-        if self._rental is None:
-            return []
-        listed = []
-        for item in self._rental.rented.values():
-            state = (InstanceState.DESTROYED if item.terminated else InstanceState.HEALTHY if item.name in self._urls
-                     else InstanceState.UNKNOWN)
-            listed.append(Instance(provider=self.name, id=item.name, run_id=self.run_id or "", state=state,
-                                   host=item.seen.address if item.seen else None, url=self._urls.get(item.name),
-                                   details={"cloud_id": item.id or "",
-                                            "offer": item.offer.label if item.offer else ""}))
-        return listed
-
-    @classmethod
-    def restore(cls, record: Mapping[str, Any], ledger: Ledger, api: RunPodApi) -> RunPodProvider:
-        """The provider of a recorded run (for ``teibatch fleet sweep``): its pods as recorded."""
-        provider = cls(api, count=0, want=GpuWant(), model_id=None, ledger=ledger)
-        provider.run_id = str(record["run_id"])
-        provider._rental = rental = Rental(api, ledger, provider.run_id)
-        for name, entry in record.get("instances", {}).items():
-            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
-                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
-        return provider

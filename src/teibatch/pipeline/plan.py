@@ -154,11 +154,13 @@ def startup_budget(job: JobSpec) -> float:
 
 
 def cheapest_per_card(offers: Iterable[Offer]) -> list[Offer]:
-    """One offer per card (instance type / GPU type): its cheapest region."""
-    best: dict[str, Offer] = {}
+    """One offer per card (instance type / GPU type / a marketplace's GPU model) and capacity: its cheapest
+    region or machine."""
+    best: dict[tuple[str, bool], Offer] = {}
     for offer in offers:
-        if offer.key not in best or offer.price_per_hour < best[offer.key].price_per_hour:
-            best[offer.key] = offer
+        card = (offer.family or offer.key, offer.interruptible)
+        if card not in best or offer.price_per_hour < best[card].price_per_hour:
+            best[card] = offer
     return list(best.values())
 
 

@@ -33,6 +33,7 @@ from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import GpuWant
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
+from teibatch.fleet.vast import DEFAULT_MIN_RELIABILITY, VastApi, VastProvider
 from teibatch.job import JobSpec, SshHostSection
 
 BUILTIN_MODEL_PREFIX = "teibatch/"  # models only the built-in server serves
@@ -64,6 +65,8 @@ def provider_for(job: JobSpec) -> Provider:
         return _lambda_provider(job)
     if servers.provider == "runpod":
         return _runpod_provider(job)
+    if servers.provider == "vast":
+        return _vast_provider(job)
     if _local_engine(job) == "docker":
         _needs_model(job)
         options = {"volume": servers.volume} if servers.volume else {}
@@ -139,11 +142,16 @@ def gpu_want(job: JobSpec) -> GpuWant:
                    regions=servers.regions)
 
 
-def cloud_api(job: JobSpec) -> LambdaApi | RunPodApi:
+def cloud_api(job: JobSpec) -> LambdaApi | RunPodApi | VastApi:
     """The API of the job's GPU cloud, with the key from the environment or the cloud's config file."""
-    if job.servers.provider == "lambda":
+    servers = job.servers
+    if servers.provider == "lambda":
         return LambdaApi()
-    return RunPodApi(cloud_type=job.servers.cloud_type)
+    if servers.provider == "vast":
+        return VastApi(want=gpu_want(job), capacity=servers.capacity, disk_gb=servers.container_disk_gb,
+                       min_reliability=DEFAULT_MIN_RELIABILITY if servers.min_reliability is None
+                       else servers.min_reliability)
+    return RunPodApi(cloud_type=servers.cloud_type)
 
 
 def _lambda_provider(job: JobSpec) -> LambdaProvider:
@@ -176,6 +184,20 @@ def _runpod_provider(job: JobSpec) -> RunPodProvider:
                           startup_timeout=_startup_timeout(job), max_replacements=servers.max_replacements,
                           network_volume_id=servers.network_volume_id, container_disk_gb=servers.container_disk_gb,
                           payload_limit=job.client.payload_limit)
+
+
+def _vast_provider(job: JobSpec) -> VastProvider:
+    servers = job.servers
+    _needs_model(job)
+    if job.export.to or not job.export.waive:
+        raise JobSpecError("destroying a Vast instance destroys its disk (the model weights), and teibatch does not "
+                           "copy it off a Vast instance: set export.waive: true (and remove export.to)", key="export")
+    api = cloud_api(job)
+    assert isinstance(api, VastApi)
+    return VastProvider(api, count=servers.count, want=gpu_want(job), model_id=job.model.id, image=servers.image,
+                        server_args=tuple(servers.server_args), startup_timeout=_startup_timeout(job),
+                        max_replacements=servers.max_replacements, disk_gb=servers.container_disk_gb,
+                        payload_limit=job.client.payload_limit)
 
 
 def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:

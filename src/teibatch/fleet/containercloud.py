@@ -1,0 +1,203 @@
+"""Container clouds: the rented container *is* TEI, reached on the public port the cloud maps to it.
+
+What providers ``runpod`` and ``vast`` share. Each cloud module gives the offers a run may try, in
+order, and the create call for one offer; this module does the rest, the same way for both:
+
+* the run is recorded in the ledger, then :class:`~teibatch.fleet.rental.Rental` rents ``count``
+  instances named ``teibatch-<run id>-<n>`` (found again by that name);
+* each instance runs TEI's image for its card (``configs/images.yaml``, by compute capability)
+  under the host-side deadline (``timeout -k 30s <startup + max_runtime + margin>s
+  text-embeddings-router …``) with a per-run random ``--api-key`` (the ``API_KEY`` variable TEI
+  reads: the port is public); the key is never logged nor written;
+* an instance not ready and healthy within ``startup_timeout`` is terminated and replaced, at most
+  ``max_replacements`` times in all;
+* ``down`` terminates every instance of the run, also those found only by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from abc import abstractmethod
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from teibatch.endpoint import Endpoint
+from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
+from teibatch.fleet.base import Capability, Instance, InstanceState, LaunchSpec, Provider, wait_healthy
+from teibatch.fleet.catalog import image_table
+from teibatch.fleet.hosted import DEADLINE_MARGIN_S, DEFAULT_STARTUP_TIMEOUT_S, UNBOUNDED_RUNTIME_S
+from teibatch.fleet.images import CONTAINER_PORT, KILL_AFTER_S, ImageChoice, choose_image
+from teibatch.fleet.ledger import Ledger
+from teibatch.fleet.offers import GpuWant, Offer, choose_offers, gpu_info
+from teibatch.fleet.rental import CloudApi, CloudState, Rental, Rented
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REPLACEMENTS = 2
+
+P = TypeVar("P", bound="ContainerCloudProvider")
+
+
+def new_run_id() -> str:
+    """A run id for a provider used without one (``up()`` alone)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
+
+
+class ContainerCloudProvider(Provider):
+    """``count`` containers rented from one container cloud, each the TEI image for its card.
+
+    The containers are the servers and hold nothing to export, so ``down`` terminates them.
+    Subclasses give :meth:`create` (one instance from one offer) and, where the cloud needs it,
+    :meth:`usable_offers` (the order offers are tried in) and :meth:`ledger_config`.
+    """
+
+    name: str
+    noun = "instance"           # what the cloud calls an instance, for messages
+    console = "the cloud's console"
+    capabilities = frozenset({Capability.LAUNCH, Capability.SWEEP})
+
+    def __init__(self, api: CloudApi, *, count: int, want: GpuWant, model_id: str | None, image: str | None = None,
+                 server_args: tuple[str, ...] | list[str] = (), startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
+                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS, payload_limit: int | None = None,
+                 ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S) -> None:
+        self.api = api
+        self.count = count
+        self.want = want
+        self.model_id = model_id
+        self.image = image
+        self.server_args = tuple(server_args)
+        self.startup_timeout = startup_timeout
+        self.max_replacements = max_replacements
+        self.payload_limit = payload_limit
+        self.ledger = ledger or Ledger()
+        self.deadline_margin = deadline_margin
+        self.api_key = secrets.token_urlsafe(32)
+        self.run_id: str | None = None
+        self._rental: Rental | None = None
+        self._urls: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(count={self.count}, run_id={self.run_id!r})"
+
+    @abstractmethod
+    def create(self, name: str, offer: Offer, deadline_s: int) -> str:
+        """Ask the cloud for instance ``name`` from ``offer`` (see :meth:`router_command`); its cloud id.
+
+        Raises :class:`~teibatch.errors.CapacityUnavailable` when the offer is gone or full.
+        """
+
+    def ledger_config(self) -> dict[str, Any]:
+        """What ``fleet sweep`` needs to know of the run, besides its instances (never a secret)."""
+        return {"kind": self.name, "model_id": self.model_id}
+
+    def usable_offers(self) -> tuple[Offer, ...]:
+        """The offers this run may try, best first; :class:`CapacityUnavailable` when there is none."""
+        choice = choose_offers(self.api.offers(), self.want, self.model_id, image=self.image)
+        if not choice.usable:
+            raise CapacityUnavailable(f"{self.name}: no GPU this job can rent now: {choice.why_none()}")
+        return choice.usable
+
+    def router_command(self, offer: Offer, deadline_s: int) -> tuple[ImageChoice, list[str]]:
+        """TEI's image for the offer's card, and the arguments of ``timeout`` that run its router
+        under the host-side deadline (``-k 30s <deadline>s text-embeddings-router --model-id …``)."""
+        gpu = gpu_info(offer)
+        assert gpu is not None  # choose_offers kept only cards of a known compute capability
+        choice = choose_image(gpu, override=self.image)
+        command = ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", image_table().entrypoint]
+        if self.model_id:
+            command += ["--model-id", self.model_id]
+        return choice, [*command, *self.server_args]
+
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
+        spec = spec or LaunchSpec(run_id=new_run_id())
+        if self._rental is not None:
+            if self.run_id == spec.run_id:
+                return self._endpoints()
+            raise FleetError(f"this {self.name} provider already serves run {self.run_id}")
+        self.run_id = spec.run_id
+        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=None,
+                          config=self.ledger_config())
+        self._rental = rental = Rental(self.api, self.ledger, spec.run_id)
+        offers = self.usable_offers()
+        deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout + self.deadline_margin)
+        reasons = rental.fill(self.count, offers, lambda n, o: self.create(n, o, deadline_s),
+                              lambda item: self._serve(item, item.started + self.startup_timeout),
+                              startup_timeout=self.startup_timeout, max_replacements=self.max_replacements,
+                              noun=self.noun)
+        endpoints = self._endpoints()
+        if not endpoints:
+            raise CapacityUnavailable(f"{self.name}: no server became healthy: {'; '.join(reasons)}")
+        if len(endpoints) < self.count:
+            log.warning("%s: going on with %d of %d servers: %s", self.name, len(endpoints), self.count,
+                        "; ".join(reasons))
+        return endpoints
+
+    def _serve(self, item: Rented, deadline: float) -> bool:
+        """Wait for TEI's ``/health`` on a ready instance; give the instance back when it does not serve."""
+        assert self._rental is not None
+        seen = item.seen
+        if seen is not None and seen.state is CloudState.READY and seen.address:
+            host = f"{seen.address}:{seen.ports[CONTAINER_PORT]}"
+            url = f"http://{host}"
+            self._rental.note(item.name, InstanceState.RUNNING, host=host)
+            if wait_healthy(url, deadline):
+                self._urls[item.name] = url
+                self._rental.note(item.name, InstanceState.HEALTHY)
+                return True
+            item.error = (f"TEI did not answer /health on {url} within servers.startup_timeout "
+                          f"({self.startup_timeout:.0f}s)")
+        else:
+            status = seen.status if seen else "unknown"
+            item.error = f"not running within servers.startup_timeout ({self.startup_timeout:.0f}s; status {status})"
+        try:
+            self._rental.terminate(item)
+        except FleetError as exc:
+            self._rental.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
+            return False
+        self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
+        return False
+
+    def _endpoints(self) -> list[Endpoint]:
+        return [Endpoint(url, self.api_key, self.payload_limit) for url in self._urls.values()]
+
+    def down(self) -> None:
+        """Terminate every instance of the run (also those found only by name); bounded, idempotent."""
+        if self._rental is None:
+            return
+        self._urls.clear()
+        problems = self._rental.terminate_all()
+        try:
+            self.ledger.release(self._rental.run_id)
+        except FleetError as exc:
+            log.error("%s", exc)
+        if problems:
+            raise TeardownIncomplete(f"run {self.run_id}: {self.name} {self.noun}s may still run: "
+                                     f"{'; '.join(problems)}. They stop serving at their deadline but cost money "
+                                     f"until terminated: run `teibatch fleet sweep`, or terminate them in "
+                                     f"{self.console}")
+
+    def instances(self) -> list[Instance]:
+        if self._rental is None:
+            return []
+        listed = []
+        for item in self._rental.rented.values():
+            state = (InstanceState.DESTROYED if item.terminated else InstanceState.HEALTHY if item.name in self._urls
+                     else InstanceState.UNKNOWN)
+            listed.append(Instance(provider=self.name, id=item.name, run_id=self.run_id or "", state=state,
+                                   host=item.seen.address if item.seen else None, url=self._urls.get(item.name),
+                                   details={"cloud_id": item.id or "",
+                                            "offer": item.offer.label if item.offer else ""}))
+        return listed
+
+    @classmethod
+    def restore(cls: type[P], record: Mapping[str, Any], ledger: Ledger, api: Any) -> P:
+        """The provider of a recorded run (for ``teibatch fleet sweep``): its instances as recorded."""
+        provider = cls(api, count=0, want=GpuWant(), model_id=None, ledger=ledger)
+        provider.run_id = str(record["run_id"])
+        provider._rental = rental = Rental(api, ledger, provider.run_id)
+        for name, entry in record.get("instances", {}).items():
+            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
+                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+        return provider

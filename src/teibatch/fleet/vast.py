@@ -1,0 +1,242 @@
+"""Provider ``vast``: a container rented on Vast.ai's marketplace *is* TEI, on-demand or interruptible.
+
+Vast.ai's REST API (``https://console.vast.ai/api/v0``, ``Authorization: Bearer <key>``), the calls
+used, with the shapes of its API reference (``docs.vast.ai/api-reference``: search offers, create
+instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python`` CLI (``vast.py``:
+``search__offers``, ``create__instance``, ``show__instances``, ``destroy_instance``):
+
+* ``POST /bundles/`` with a query ``{field: {op: value}}``: ``verified``, ``external``, ``rentable``,
+  ``rented``, ``num_gpus == 1``, ``compute_cap >= 750`` (TEI's minimum, ×100), ``reliability2 >=``
+  ``servers.min_reliability``, ``gpu_name in servers.gpu``, ``gpu_ram >= min_vram_gb`` (MB, as the CLI
+  sends it), ``dph_total <= max_price`` (on-demand) or ``min_bid <= max_price`` (interruptible),
+  ``type: on-demand | bid``, ``order``, ``allocated_storage`` (the disk, priced in ``dph_total``),
+  ``limit``: answers ``{"offers": [{id, gpu_name, num_gpus, gpu_ram (MB), compute_cap, dph_total,
+  min_bid, reliability2, ...}]}``; each offer is one machine, rentable once
+* ``PUT /asks/{offer id}/`` with ``client_id: "me"``, ``image`` (TEI's image for the offer's
+  ``compute_cap``), ``label`` (``teibatch-<run id>-<n>``), ``disk``, ``runtype: "args"`` (the image's
+  own launch, no SSH), ``onstart: "timeout"`` (the entrypoint of an args launch, as the CLI's
+  ``--entrypoint`` sends it) and ``args`` (the host-side deadline around ``text-embeddings-router``),
+  ``env`` ``{"API_KEY": …, "-p 80:80": "1"}`` (TEI's ``--api-key``: the port is public), and for an
+  interruptible instance ``price`` (the bid, $/hour): answers ``{"success": true, "new_contract": id}``;
+  an offer already taken answers an error ``no_such_ask`` (4xx)
+* ``GET /instances/{id}/``: ``{"instances": {actual_status, intended_status, cur_state, label,
+  public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}]}, dph_total}}``
+* ``GET /instances/``: ``{"instances": [...]}`` (found again by label) · ``DELETE /instances/{id}/``
+  (404 or 410: already gone)
+
+The key is ``$VAST_API_KEY``, else the CLI's key file (``~/.config/vastai/vast_api_key``, or the
+older ``~/.vast_api_key``). ``$TEIBATCH_VAST_API_URL`` replaces the API's address (tests, proxies).
+There is no export: an instance's disk goes with it, so a job on Vast waives the export.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from teibatch.errors import CapacityUnavailable, FleetError
+from teibatch.fleet.catalog import billing_rules, image_table
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
+from teibatch.fleet.containercloud import ContainerCloudProvider
+from teibatch.fleet.images import CONTAINER_PORT
+from teibatch.fleet.offers import GpuWant, Offer
+from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState
+
+log = logging.getLogger(__name__)
+
+Capacity = Literal["on-demand", "spot", "any"]
+
+DEFAULT_API_URL = "https://console.vast.ai/api/v0"
+API_URL_ENV = "TEIBATCH_VAST_API_URL"
+API_KEY_ENV = "VAST_API_KEY"
+API_KEY_FILES = (Path("~/.config/vastai/vast_api_key"), Path("~/.vast_api_key"))
+DEFAULT_MIN_RELIABILITY = 0.98
+DEFAULT_DISK_GB = 40
+BID_MARGIN = 0.10          # the bid: the offer's minimum bid plus 10 %, never over servers.max_price
+SEARCH_LIMIT = 64
+_TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented")
+#: actual_status → state, when the contract is not released (cur_state "unloaded": gone)
+_STATES: dict[str | None, CloudState] = {
+    None: CloudState.PENDING, "loading": CloudState.PENDING, "created": CloudState.PENDING,
+    "scheduling": CloudState.PENDING, "rebooting": CloudState.PENDING, "running": CloudState.PENDING,
+    "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED}
+#: the search types each servers.capacity asks for, in the order their offers are tried
+SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("on-demand",), "spot": ("bid",), "any": ("bid", "on-demand")}
+
+
+def _classify(status: int, body: Any) -> type[FleetError]:
+    text = message_of(body).lower()
+    return CapacityUnavailable if any(word in text for word in _TAKEN_WORDS) else FleetError
+
+
+def _whole_file(text: str) -> str | None:
+    """The CLI's key files hold the key alone."""
+    return text.strip() or None
+
+
+def compute_capability(value: Any) -> str | None:
+    """Vast's ``compute_cap`` (capability × 100: 890) as ``"8.9"``."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return f"{number // 100}.{number % 100 // 10}" if number > 0 else None
+
+
+def bid_for(min_bid: float, max_price: float | None, margin: float = BID_MARGIN) -> float:
+    """What to bid on an offer whose minimum bid is ``min_bid``: a margin over it, at most ``max_price``.
+
+    An offer whose minimum bid is over ``max_price`` keeps its minimum bid (the price cap refuses it).
+    """
+    if max_price is not None and min_bid > max_price:
+        return min_bid
+    bid = math.ceil(min_bid * (1 + margin) * 1000) / 1000
+    return bid if max_price is None else min(bid, max_price)
+
+
+class VastApi(CloudApi):
+    """Vast.ai's REST API, as much of it as renting needs; ``want``, ``capacity`` and ``min_reliability``
+    shape the offer search (the marketplace is too big to list whole)."""
+
+    name = "vast"
+
+    def __init__(self, api_key: str | None = None, *, base_url: str | None = None,
+                 timeout: float = DEFAULT_API_TIMEOUT_S, want: GpuWant | None = None, capacity: Capacity = "on-demand",
+                 min_reliability: float = DEFAULT_MIN_RELIABILITY, disk_gb: int = DEFAULT_DISK_GB) -> None:
+        key = api_key or read_api_key("Vast.ai", API_KEY_ENV, [(path, _whole_file) for path in API_KEY_FILES])
+        self.billing = billing_rules()["vast"]
+        self.want = want or GpuWant()
+        self.capacity = capacity
+        self.min_reliability = min_reliability
+        self.disk_gb = disk_gb
+        self._client = ApiClient("vast", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
+                                 timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"VastApi({self._client.base_url!r}, capacity={self.capacity!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def search_query(self, kind: str) -> dict[str, Any]:
+        """The ``POST /bundles/`` body for search type ``kind`` (``on-demand`` or ``bid``)."""
+        price_field = "min_bid" if kind == "bid" else "dph_total"
+        query: dict[str, Any] = {
+            "verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True}, "rented": {"eq": False},
+            "num_gpus": {"eq": 1}, "compute_cap": {"gte": int(float(image_table().min_compute_capability) * 100)},
+            "reliability2": {"gte": self.min_reliability}, "type": kind, "order": [[price_field, "asc"]],
+            "allocated_storage": self.disk_gb, "limit": SEARCH_LIMIT}
+        if self.want.names:
+            query["gpu_name"] = {"in": list(self.want.names)}
+        if self.want.min_vram_gb is not None:
+            query["gpu_ram"] = {"gte": self.want.min_vram_gb * 1000}
+        if self.want.max_price is not None:
+            query[price_field] = {"lte": self.want.max_price}
+        return query
+
+    def offers(self) -> list[Offer]:
+        offers = []
+        for kind in SEARCH_TYPES[self.capacity]:
+            answer = self._client.call("POST", "/bundles/", what=f"search {kind} offers", json=self.search_query(kind))
+            for row in answer.get("offers") or []:
+                if int(row.get("num_gpus") or 0) != 1 or not row.get("gpu_name"):
+                    continue  # one TEI server per card
+                bid = kind == "bid"
+                price = (bid_for(float(row["min_bid"]), self.want.max_price) if bid
+                         else float(row["dph_total"]))
+                offers.append(Offer(cloud="vast", key=str(row["id"]), gpu=str(row["gpu_name"]),
+                                    vram_gb=round(float(row.get("gpu_ram") or 0) / 1024), price_per_hour=price,
+                                    interruptible=bid, compute_capability=compute_capability(row.get("compute_cap")),
+                                    family=str(row["gpu_name"])))
+        return offers
+
+    def create(self, offer: Offer, body: Mapping[str, Any]) -> str:
+        what = f"create {body['label']} from offer {offer.label}"
+        answer = self._client.call("PUT", f"/asks/{offer.key}/", what=what, json=dict(body))
+        if not isinstance(answer, Mapping) or not answer.get("success") or answer.get("new_contract") is None:
+            raise _classify(200, answer)(f"vast: {what}: {message_of(answer)}")
+        return str(answer["new_contract"])
+
+    @staticmethod
+    def _instance(row: Mapping[str, Any]) -> CloudInstance:
+        actual = row.get("actual_status")
+        status = str(actual or "provisioning")
+        ports = {}
+        mapped = row.get("ports")
+        if isinstance(mapped, Mapping):
+            for private, bindings in mapped.items():
+                number = str(private).partition("/")[0]
+                if number.isdigit() and isinstance(bindings, list) and bindings:
+                    ports[int(number)] = int(bindings[0]["HostPort"])
+        # cur_state "unloaded": the contract is released (destroyed); a status not known here stays UNKNOWN
+        state = CloudState.GONE if row.get("cur_state") == "unloaded" else _STATES.get(actual, CloudState.UNKNOWN)
+        if (state is CloudState.PENDING and actual == "running" and row.get("intended_status") == "running"
+                and row.get("public_ipaddr") and CONTAINER_PORT in ports):
+            state = CloudState.READY
+        price = row.get("dph_total")
+        return CloudInstance(id=str(row["id"]), name=str(row.get("label") or ""), state=state, status=status,
+                             address=row.get("public_ipaddr") or None, ports=ports,
+                             price_per_hour=float(price) if price is not None else None)
+
+    def get(self, instance_id: str) -> CloudInstance | None:
+        answer = self._client.call("GET", f"/instances/{instance_id}/", what="show instance", missing_ok=True)
+        row = answer.get("instances") if isinstance(answer, Mapping) else None
+        return self._instance(row) if isinstance(row, Mapping) and row else None
+
+    def list(self, prefix: str = NAME_PREFIX) -> list[CloudInstance]:
+        answer = self._client.call("GET", "/instances/", what="show instances")
+        found = [self._instance(row) for row in answer.get("instances") or []
+                 if str(row.get("label") or "").startswith(prefix)]
+        return [i for i in found if i.state is not CloudState.GONE]
+
+    def terminate(self, instance_id: str) -> None:
+        self._client.call("DELETE", f"/instances/{instance_id}/", what=f"destroy instance {instance_id}",
+                          missing_ok=True)
+
+
+class VastProvider(ContainerCloudProvider):
+    """``count`` Vast.ai instances, each the TEI image for its card, reached on the host port Vast maps.
+
+    ``capacity``: ``on-demand``; ``spot`` (interruptible: a bid, see :func:`bid_for`); or ``any``
+    (interruptible offers first, on-demand ones after them when none fits or every one is taken).
+    """
+
+    name = "vast"
+    console = "Vast's console (cloud.vast.ai/instances)"
+
+    def __init__(self, api: VastApi, *, disk_gb: int = DEFAULT_DISK_GB, **options: Any) -> None:
+        super().__init__(api, **options)
+        self.disk_gb = disk_gb
+
+    @property
+    def capacity(self) -> str:
+        return getattr(self.api, "capacity", "on-demand")
+
+    def ledger_config(self) -> dict[str, Any]:
+        return {**super().ledger_config(), "capacity": self.capacity}
+
+    def usable_offers(self) -> tuple[Offer, ...]:
+        offers = super().usable_offers()
+        if self.capacity == "any":
+            if not any(o.interruptible for o in offers):
+                log.info("vast: no interruptible offer fits the job; renting on-demand")
+            return tuple(sorted(offers, key=lambda o: not o.interruptible))  # stable: each kind keeps its order
+        return offers
+
+    def create(self, name: str, offer: Offer, deadline_s: int) -> str:
+        assert isinstance(self.api, VastApi)
+        return self.api.create(offer, self.instance_request(name, offer, deadline_s))
+
+    def instance_request(self, name: str, offer: Offer, deadline_s: int) -> dict[str, Any]:
+        """The ``PUT /asks/{id}/`` body for ``offer``: TEI's image for its card, behind the host-side deadline."""
+        image, command = self.router_command(offer, deadline_s)
+        body: dict[str, Any] = {
+            "client_id": "me", "image": image.image, "label": name, "disk": self.disk_gb, "runtype": "args",
+            "onstart": "timeout", "args": command,
+            "env": {"API_KEY": self.api_key, f"-p {CONTAINER_PORT}:{CONTAINER_PORT}": "1"}}
+        if offer.interruptible:
+            body["price"] = offer.price_per_hour
+        return body

@@ -1,0 +1,176 @@
+"""A fake Vast.ai whose instances are real: each is a ``teibatch serve --api-key …`` process on 127.0.0.1.
+
+Checked against Vast.ai's API reference (``docs.vast.ai/api-reference``: search offers, create
+instance, show instance(s), destroy instance; server ``https://console.vast.ai/api/v0``, bearer key)
+and the ``vast-ai/vast-python`` CLI (``vast.py``: ``search__offers``, ``create__instance``,
+``parse_env``, ``show__instances``, ``destroy_instance``):
+
+* ``POST /api/v0/bundles/`` with a query ``{field: {op: value}, "type": "on-demand" | "bid", "order":
+  [[field, "asc"]], "allocated_storage", "limit"}`` → ``{"offers": [offer...]}``; an offer has ``id``,
+  ``gpu_name``, ``num_gpus``, ``gpu_ram`` (MB), ``compute_cap`` (×100), ``dph_total``, ``min_bid``,
+  ``reliability2``, ``verified``, ``rentable``
+* ``PUT /api/v0/asks/{id}/`` with ``client_id``, ``image``, ``label``, ``disk``, ``runtype``, ``onstart``,
+  ``args``, ``env`` (object; ports as ``"-p 80:80": "1"``), ``price`` (a bid) → ``{"success": true,
+  "new_contract": <instance id>}``; an offer rented already → 400 ``{"success": false, "error":
+  "no_such_ask", "msg": …}`` (the code the CLI's users report; the status is not documented)
+* ``GET /api/v0/instances/{id}/`` → ``{"instances": {...}}`` · ``GET /api/v0/instances/`` →
+  ``{"instances": [...]}``; an instance: ``id``, ``label``, ``actual_status`` (loading, running),
+  ``intended_status``, ``cur_state`` (running; unloaded once destroyed), ``public_ipaddr``, ``ports``
+  (``{"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": "<port>"}]}``), ``dph_total``, ``is_bid``
+* ``DELETE /api/v0/instances/{id}/`` → ``{"success": true}``; a destroyed instance answers
+  ``gone_status`` (404, or 410 Gone) to show and destroy
+
+The container is the TEI image's command line run for real: ``runtype: args``, ``onstart`` (the entrypoint)
+``timeout`` and ``args`` ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``; the fake runs
+``timeout <deadline> python -m teibatch serve --api-key $API_KEY <router args>`` on a free port and
+maps container port 80 to it. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
+loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
+``destroy_errors`` (that many 502/503 answers), ``gone_status``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.fleet.fakehttp import ContainerFake
+
+
+def _offer(offer_id: int, gpu: str, ram_mb: int, cap: int, price: float, min_bid: float,
+           reliability: float = 0.995) -> dict[str, Any]:
+    return {"id": offer_id, "ask_contract_id": offer_id, "gpu_name": gpu, "num_gpus": 1, "gpu_ram": ram_mb,
+            "compute_cap": cap, "dph_total": price, "min_bid": min_bid, "reliability2": reliability,
+            "verified": True, "rentable": True, "rented": False, "external": False}
+
+
+OFFERS = [
+    _offer(1001, "RTX 4090", 24564, 890, 0.40, 0.25),
+    _offer(1002, "RTX 4090", 24564, 890, 0.45, 0.29),
+    _offer(1003, "RTX A6000", 49140, 860, 0.47, 0.35),
+    _offer(1004, "Tesla V100", 16384, 700, 0.12, 0.05),
+    _offer(1005, "RTX 4090", 24564, 890, 0.30, 0.20, reliability=0.80),
+    _offer(1006, "H100 SXM", 81559, 900, 2.20, 1.40),
+    _offer(1007, "RTX 3090", 24576, 860, 0.22, 0.10, reliability=0.99),
+]
+CREATE_FIELDS = {"client_id", "image", "label", "disk", "runtype", "onstart", "args", "env", "price"}
+OPS = {"eq": lambda a, b: a == b, "gte": lambda a, b: a >= b, "lte": lambda a, b: a <= b,
+       "in": lambda a, b: a in b}
+
+
+class FakeVast(ContainerFake):
+    """Vast's offers and instances; ``searches``, ``creates``, ``create_attempts`` and ``destroys`` record calls."""
+
+    def __init__(self, api_key: str, workdir: Path) -> None:
+        super().__init__(api_key, workdir)
+        self.offers = [dict(o) for o in OFFERS]
+        self.instances: dict[int, dict[str, Any]] = {}
+        self.searches: list[dict[str, Any]] = []
+        self.creates: list[dict[str, Any]] = []
+        self.create_attempts: list[int] = []
+        self.destroys: list[int] = []
+        self.taken: set[int] = set()
+        self.stuck = 0
+        self.fail_after_create = 0
+        self.show_errors = 0
+        self.destroy_errors = 0
+        self.gone_status = 404
+        self._ids = itertools.count(7_000_001)
+        self.route("POST", "/api/v0/bundles/", self._search)
+        self.route("PUT", r"/api/v0/asks/(?P<id>\d+)/", self._create)
+        self.route("GET", "/api/v0/instances/", self._list)
+        self.route("GET", r"/api/v0/instances/(?P<id>\d+)/", self._show)
+        self.route("DELETE", r"/api/v0/instances/(?P<id>\d+)/", self._destroy)
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api/v0"
+
+    def alive(self) -> int:
+        """Instances not destroyed, and instance processes still running: both must end at 0."""
+        with self.lock:
+            live = sum(1 for i in self.instances.values() if i["cur_state"] != "unloaded")
+            return live + self.running()
+
+    def _search(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        kind = body["type"]
+        assert kind in ("on-demand", "bid"), kind
+        [[order_field, direction]] = body["order"]
+        assert direction == "asc" and isinstance(body["allocated_storage"], int | float)
+        filters = {k: v for k, v in body.items() if k not in ("type", "order", "allocated_storage", "limit")}
+        with self.lock:
+            self.searches.append(body)
+            found = [o for o in self.offers
+                     if all(OPS[op](o[field], value) for field, cond in filters.items() for op, value in cond.items())]
+        found.sort(key=lambda o: o[order_field])
+        return 200, {"offers": found[:int(body.get("limit", 64))]}
+
+    def _create(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        assert set(body) <= CREATE_FIELDS, set(body) - CREATE_FIELDS
+        offer_id = int(match["id"])
+        with self.lock:
+            self.create_attempts.append(offer_id)
+            offer = next((o for o in self.offers if o["id"] == offer_id), None)
+            if offer is None or offer_id in self.taken:
+                return 400, {"success": False, "error": "no_such_ask",
+                             "msg": f"Instance type {offer_id} is no longer available."}
+            self.taken.add(offer_id)  # one machine: rented once
+            instance_id = next(self._ids)
+            instance = {"id": instance_id, "label": body.get("label"), "actual_status": "loading",
+                        "intended_status": "running", "cur_state": "running", "public_ipaddr": None, "ports": {},
+                        "dph_total": body.get("price", offer["dph_total"]), "is_bid": "price" in body,
+                        "gpu_name": offer["gpu_name"], "image_uuid": body["image"], "image_runtype": body["runtype"],
+                        "extra_env": [[k, v] for k, v in body["env"].items()], "onstart": body["onstart"],
+                        "image_args": body["args"]}
+            self.instances[instance_id] = instance
+            self.creates.append(dict(body, offer_id=offer_id))
+            if self.stuck > 0:
+                self.stuck -= 1
+            else:
+                self._start(instance, body)
+            if self.fail_after_create > 0:
+                self.fail_after_create -= 1
+                return 503, {"success": False, "error": "server_error", "msg": "Service Unavailable"}
+        return 200, {"success": True, "new_contract": instance_id}
+
+    def _start(self, instance: dict[str, Any], body: dict[str, Any]) -> None:
+        """Run the container: TEI's router command line, with the built-in server for the router."""
+        assert body["runtype"] == "args" and body["onstart"] == "timeout", body
+        assert body["env"]["-p 80:80"] == "1"
+        port = self.run_router(instance["id"], instance["label"], list(body["args"]), body["env"]["API_KEY"])
+        instance.update(actual_status="running", public_ipaddr="127.0.0.1",
+                        ports={"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)},
+                                          {"HostIp": "::", "HostPort": str(port)}]})
+
+    def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        with self.lock:
+            return 200, {"instances": [dict(i) for i in self.instances.values() if i["cur_state"] != "unloaded"]}
+
+    def _gone(self, instance_id: int) -> tuple[int, Any] | None:
+        instance = self.instances.get(instance_id)
+        if instance is None or instance["cur_state"] == "unloaded":
+            return self.gone_status, {"success": False, "error": "no_such_instance", "msg": "Instance not found."}
+        return None
+
+    def _show(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        with self.lock:
+            if self.show_errors > 0:
+                self.show_errors -= 1
+                return 502, {"success": False, "error": "server_error", "msg": "Bad Gateway"}
+            gone = self._gone(int(match["id"]))
+            return gone or (200, {"instances": dict(self.instances[int(match["id"])])})
+
+    def _destroy(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        instance_id = int(match["id"])
+        with self.lock:
+            if self.destroy_errors > 0:
+                self.destroy_errors -= 1
+                return 503, {"success": False, "error": "server_error", "msg": "Service Unavailable"}
+            gone = self._gone(instance_id)
+            if gone:
+                return gone
+            self.instances[instance_id].update(cur_state="unloaded", actual_status="exited", intended_status="stopped")
+            self.destroys.append(instance_id)
+        self.kill(instance_id)
+        return 200, {"success": True}

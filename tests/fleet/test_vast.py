@@ -1,0 +1,260 @@
+"""Provider vast against a fake Vast.ai whose instances are real ``teibatch serve --api-key`` processes.
+
+Every case ends with no instance alive in the fake and no instance process running; the full job also
+proves that neither the Vast API key nor the run's TEI key appears in anything written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from teibatch.errors import CapacityUnavailable, CloudApiError, JobSpecError
+from teibatch.fleet import LaunchSpec, Ledger, running
+from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.offers import GpuWant, Offer
+from teibatch.fleet.vast import VastApi, VastProvider, bid_for
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+from teibatch.pipeline.plan import card_estimate, estimate_run
+from teibatch.pipeline.providers import provider_for
+from tests.fleet.conftest import VAST_KEY, kill_when_ready, sweep_destroys_what_the_killed_run_left
+from tests.fleet.fake_vast import FakeVast
+from tests.fleet.test_lambda import _env
+from tests.fleet.test_run_ssh import corpus, files_under
+
+MODEL = "BAAI/bge-small-en-v1.5"
+GPUS = ("RTX 4090", "RTX A6000")
+
+
+def write_job(tmp_path: Path, servers: dict[str, Any] | None = None, **sections: Any) -> Path:
+    spec = {"name": "vast-job", "corpus": {"path": str(corpus(tmp_path)), "id_field": "id", "shard_docs": 10},
+            "model": {"id": MODEL},
+            "servers": {"provider": "vast", "count": 2, "gpu": list(GPUS), "startup_timeout": 30,
+                        **(servers or {})},
+            "export": {"waive": True}, "output": {"path": str(tmp_path / "out")}, **sections}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def provider(ledger: Ledger, *, capacity: str = "on-demand", max_price: float | None = None,
+             **options: Any) -> VastProvider:
+    want = GpuWant(names=options.pop("gpu", GPUS), max_price=max_price)
+    api = VastApi(timeout=options.pop("api_timeout", 5.0), want=want, capacity=capacity)  # type: ignore[arg-type]
+    settings = {"count": 1, "startup_timeout": 20.0, **options}
+    return VastProvider(api, want=want, model_id=MODEL, ledger=ledger, **settings)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ray_session")
+def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_path: Path, ledger: Ledger,
+                                                      caplog: pytest.LogCaptureFixture,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level("DEBUG")
+    summary = run_job(load_job(write_job(tmp_path)))
+    assert summary.embedded == 40 and summary.status == "done"
+    assert fake_vast.alive() == 0
+    assert len(fake_vast.creates) == 2 and len(fake_vast.destroys) == 2
+    [search] = fake_vast.searches
+    assert search["type"] == "on-demand" and search["num_gpus"] == {"eq": 1}
+    assert search["gpu_name"] == {"in": list(GPUS)} and search["reliability2"] == {"gte": 0.98}
+    create = fake_vast.creates[0]
+    assert create["offer_id"] == 1001  # the cheapest per unit of throughput of the reliable RTX 4090s and A6000s
+    assert {c["offer_id"] for c in fake_vast.creates} == {1001, 1002}
+    assert create["image"] == "ghcr.io/huggingface/text-embeddings-inference:89-1.9"  # compute_cap 890
+    assert create["runtype"] == "args" and create["onstart"] == "timeout" and "price" not in create
+    assert create["args"][3:6] == ["text-embeddings-router", "--model-id", MODEL]
+    assert {c["label"] for c in fake_vast.creates} == {f"teibatch-{summary.run_id}-{i}" for i in range(2)}
+    tei_key = create["env"]["API_KEY"]
+    assert len(tei_key) >= 32
+    record = ledger.load(summary.run_id)
+    assert record is not None and record["config"] == {"kind": "vast", "model_id": MODEL, "capacity": "on-demand"}
+    assert {e.state.value for e in ledger.entries()} == {"destroyed"}
+    assert {entry["cloud_id"] for entry in record["instances"].values()} == {str(i) for i in fake_vast.destroys}
+    searched = files_under(tmp_path / "out", tmp_path / "state")
+    assert len(searched) > 5
+    for path in searched:
+        data = path.read_bytes()
+        assert VAST_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
+    captured = capsys.readouterr()
+    for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
+        assert VAST_KEY not in text and tei_key not in text
+
+
+@pytest.mark.timeout(60)
+def test_offer_already_taken_moves_on_and_the_port_needs_the_run_key(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.taken.add(1001)
+    with running(provider(ledger), LaunchSpec(run_id="taken")) as endpoints:
+        [endpoint] = endpoints
+        assert httpx.post(f"{endpoint.url}/embed", json={"inputs": "x"}, timeout=10).status_code == 401
+        answer = httpx.post(f"{endpoint.url}/embed", json={"inputs": "x"}, timeout=10,
+                            headers={"Authorization": f"Bearer {endpoint.api_key}"})
+        assert answer.status_code == 200
+    assert fake_vast.create_attempts == [1001, 1002]
+    assert fake_vast.alive() == 0
+
+
+@pytest.mark.timeout(60)
+def test_instance_stuck_loading_is_destroyed_and_replaced(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.stuck = 1
+    with running(provider(ledger, startup_timeout=4.0), LaunchSpec(run_id="stuck")) as endpoints:
+        assert len(endpoints) == 1
+        assert len(fake_vast.creates) == 2 and len(fake_vast.destroys) == 1
+    assert fake_vast.alive() == 0
+    record = ledger.load("stuck")
+    assert record is not None and "status loading" in record["instances"]["teibatch-stuck-0"]["error"]
+
+
+@pytest.mark.timeout(60)
+def test_replacements_are_bounded(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.stuck = 5
+    with pytest.raises(CapacityUnavailable, match=r"never became healthy \(servers.max_replacements: 1\)"), \
+            running(provider(ledger, startup_timeout=2.0, max_replacements=1), LaunchSpec(run_id="bounded")):
+        pass
+    assert len(fake_vast.creates) == 2 and fake_vast.alive() == 0
+
+
+@pytest.mark.timeout(60)
+def test_410_and_5xx_answers(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.gone_status = 410
+    fake_vast.fail_after_create = 1   # made, then 503: found by its label and adopted
+    fake_vast.show_errors = 2         # polls that get a 502 are tried again
+    fake_vast.destroy_errors = 1      # a destroy that gets a 503 is sent again
+    fleet_ = provider(ledger)
+    with running(fleet_, LaunchSpec(run_id="flaky")) as endpoints:
+        assert len(endpoints) == 1
+    assert len(fake_vast.creates) == 1 and fake_vast.alive() == 0
+    [instance] = fleet_.instances()
+    assert instance.state.value == "destroyed"
+    api = VastApi()
+    assert api.get(str(fake_vast.destroys[0])) is None  # 410 Gone: no longer there
+    api.terminate(str(fake_vast.destroys[0]))           # and destroying it again is done already
+    api.close()
+
+
+@pytest.mark.timeout(60)
+def test_interruptible_bid_is_capped_by_max_price(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.taken.add(1001)  # min bid 0.25: the next is 1002, min bid 0.29, bid 0.319 capped at 0.30
+    with running(provider(ledger, capacity="spot", max_price=0.30, gpu=("RTX 4090",)), LaunchSpec(run_id="bid")):
+        pass
+    [search] = fake_vast.searches
+    assert search["type"] == "bid" and search["min_bid"] == {"lte": 0.30} and "dph_total" not in search
+    [create] = fake_vast.creates
+    assert (create["offer_id"], create["price"]) == (1002, 0.30)
+    assert fake_vast.create_attempts == [1001, 1002] and fake_vast.alive() == 0
+    record = ledger.load("bid")
+    assert record is not None
+    assert record["instances"]["teibatch-bid-0"]["offer"] == "1002 (interruptible)"
+    assert record["instances"]["teibatch-bid-0"]["price_per_hour"] == 0.30
+
+
+@pytest.mark.parametrize(("min_bid", "max_price", "bid"), [
+    pytest.param(0.25, None, 0.275, id="margin"),
+    pytest.param(0.25, 0.26, 0.26, id="capped"),
+    pytest.param(0.35, 0.30, 0.35, id="over-the-cap-is-refused-later"),
+])
+def test_bid_for(min_bid: float, max_price: float | None, bid: float) -> None:
+    assert bid_for(min_bid, max_price) == pytest.approx(bid)
+
+
+@pytest.mark.timeout(60)
+def test_any_rents_a_bid_first_and_falls_back_to_on_demand(fake_vast: FakeVast, ledger: Ledger) -> None:
+    def rent(run_id: str) -> dict[str, Any]:
+        with running(provider(ledger, capacity="any", max_price=0.45, gpu=("RTX 4090",)), LaunchSpec(run_id=run_id)):
+            pass
+        assert fake_vast.alive() == 0
+        return fake_vast.creates[-1]
+
+    first = rent("any")
+    assert (first["offer_id"], first["price"]) == (1001, 0.275)  # a bid fits: interruptible first
+    assert [s["type"] for s in fake_vast.searches] == ["bid", "on-demand"]
+    fake_vast.offers = [dict(o, min_bid=0.9) for o in fake_vast.offers]  # no bid fits under max_price any more
+    second = rent("any2")
+    assert second["offer_id"] == 1002 and "price" not in second  # on-demand (machine 1001 is rented already)
+
+
+@pytest.mark.timeout(60)
+def test_plan_prices_come_from_the_offers(fake_vast: FakeVast, tmp_path: Path) -> None:
+    estimate = estimate_run(load_job(write_job(tmp_path, {"capacity": "any"})))
+    assert estimate.provider == "vast" and estimate.billing is not None and estimate.billing.increment_s == 1
+    cards = {(c.offer.gpu, c.offer.interruptible): c.offer.price_per_hour for c in estimate.cards}
+    assert cards == {("RTX 4090", True): 0.275, ("RTX 4090", False): 0.40, ("RTX A6000", True): 0.385,
+                     ("RTX A6000", False): 0.47}
+
+
+def offers_with_the_key_found() -> int:
+    api = VastApi(timeout=5.0)
+    try:
+        return len(api.offers())
+    finally:
+        api.close()
+
+
+def test_credentials_from_the_env_var_then_the_key_files(fake_vast: FakeVast, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("VAST_API_KEY")
+    with pytest.raises(JobSpecError, match=r"set VAST_API_KEY, or put the key in .*vast_api_key"):
+        VastApi()
+    home.mkdir()
+    (home / ".vast_api_key").write_text(VAST_KEY + "\n")  # the CLI's older file
+    assert offers_with_the_key_found() > 0
+    (home / ".config" / "vastai").mkdir(parents=True)
+    (home / ".config" / "vastai" / "vast_api_key").write_text(VAST_KEY)
+    (home / ".vast_api_key").write_text("a-wrong-key")  # the newer file comes first
+    assert offers_with_the_key_found() > 0
+    monkeypatch.setenv("VAST_API_KEY", "another-wrong-key")  # the variable comes before any file
+    with pytest.raises(CloudApiError, match="refused the API key") as refused:
+        offers_with_the_key_found()
+    assert refused.value.status_code == 401 and "another-wrong-key" not in str(refused.value)
+
+
+def test_job_rules(fake_vast: FakeVast, tmp_path: Path) -> None:
+    with pytest.raises(JobSpecError, match=r"export\.waive"):
+        provider_for(load_job(write_job(tmp_path, export={"to": str(tmp_path / "volumes")})))
+    with pytest.raises(JobSpecError, match="spot capacity for runpod is not supported yet"):
+        load_job(write_job(tmp_path, {"provider": "runpod", "capacity": "spot", "gpu": ["RTX 4090"]}))
+    with pytest.raises(JobSpecError, match=r"servers\.capacity is for the GPU clouds"):
+        load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
+    with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):
+        load_job(write_job(tmp_path, {"regions": ["US"]}))
+    assert isinstance(provider_for(load_job(write_job(tmp_path, {"capacity": "spot"}))), VastProvider)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_then_fleet_sweep_destroys_the_instances(fake_vast: FakeVast, tmp_path: Path,
+                                                         ledger: Ledger) -> None:
+    script = (
+        "import time\n"
+        "from teibatch.fleet import running, LaunchSpec\n"
+        "from teibatch.fleet.vast import VastApi, VastProvider\n"
+        "from teibatch.fleet.offers import GpuWant\n"
+        "want = GpuWant(names=('RTX 4090',))\n"
+        "fleet = VastProvider(VastApi(want=want), count=1, want=want, model_id='BAAI/bge-small-en-v1.5',"
+        " startup_timeout=30)\n"
+        "with running(fleet, LaunchSpec(run_id='killed')):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(120)\n")
+    kill_when_ready([sys.executable, "-c", script], _env(tmp_path))
+    assert fake_vast.alive() == 2  # the instance and its process outlive the driver
+    sweep_destroys_what_the_killed_run_left(fake_vast.alive, "teibatch-killed-0")
+
+
+@pytest.mark.parametrize(("interruptible", "price", "cost"), [
+    pytest.param(False, 0.40, 0.49, id="on-demand"),
+    pytest.param(True, 0.275, 0.34, id="spot"),
+])
+def test_the_worked_cost_example_of_the_docs(interruptible: bool, price: float, cost: float) -> None:
+    offer = Offer(cloud="vast", key="1001", gpu="RTX 4090", vram_gb=24, price_per_hour=price,
+                  interruptible=interruptible, compute_capability="8.9")
+    card = card_estimate(offer, tokens=500_000_000, count=4, startup_s=900, billing=billing_rules()["vast"],
+                         parameters=33_400_000, bench_tokens_per_s=None)
+    assert card.tokens_per_s == pytest.approx(617_515, abs=1) and card.billed_seconds == 1103
+    assert card.gpu_hours == pytest.approx(1.23, abs=0.005) and card.cost == pytest.approx(cost, abs=0.005)
