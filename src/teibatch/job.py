@@ -19,6 +19,7 @@ from teibatch.corpus.overlap import output_inside
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
 from teibatch.jobfile import RawJob, every_problem, load_job_file, override_error, override_key
+from teibatch.sink.parts import CHUNK_COLUMNS, CHUNK_TEXT_COLUMN
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 DEFAULT_LOCAL_SERVERS = 2
@@ -287,6 +288,16 @@ class JobSpec(_Section):
     limits: LimitsSection = LimitsSection()
     export: ExportSection = ExportSection()
     chunking: ChunkingSection = ChunkingSection()
+
+    @model_validator(mode="after")
+    def _chunk_columns_free(self) -> JobSpec:
+        if self.chunking.enabled:
+            taken = [name for name, _ in CHUNK_COLUMNS] + ([CHUNK_TEXT_COLUMN] if self.chunking.store_text else [])
+            clash = [name for name in self.corpus.keep_fields if name in taken]
+            if clash:
+                raise ValueError(f"corpus.keep_fields names {clash[0]!r}, a column chunking writes itself "
+                                 f"({', '.join(taken)}): leave it out of keep_fields")
+        return self
 
     def corpus_options(self) -> CorpusOptions:
         """The corpus section as the record ``teibatch.corpus`` reads, leaving out the job's output

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
 from teibatch.corpus import REJECT_UNCHUNKABLE, ChunkingOptions, Document, Reject, content_hash
+from teibatch.endpoint import Endpoint
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
 from teibatch.pipeline.chunks import COUNTER_CHARS, ChunkPlan, CounterSource, RowsInOrder, Units, histogram_label
-from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions
+from teibatch.server.tokens import ApproxTokenizer
+from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, vectors_table
 from teibatch.tei import EmbedResult
+from teibatch.tei.packing import PROBE_TEXT
 from teibatch.tei.work import Failure
+from tests.conftest import write_jsonl
 
 CHARS = CounterSource(COUNTER_CHARS, "characters")
 
@@ -68,7 +78,7 @@ def test_documents_are_handed_over_whole_and_one_with_a_refused_chunk_is_left_ou
     units = Units(chunk_plan, {"model": "m"})
     documents = [Document("a", "aaaa bbbb cccc", {"lang": "x"}), Document("b", "dddd eeee", {"lang": "y"}),
                  Document("c", "ffff", {"lang": "z"})]
-    sent, record, _ = expanded(units, documents)
+    _, record, _ = expanded(units, documents)
     assert units.ids == ["a#0", "a#1", "a#2", "b#0", "b#1", "c#0"]
     schema = VectorSchema(dimension=2, kept={"lang": pa.string()}, chunks=True, chunk_text=store_text)
     reused = {1: ("whatever", vector(1), False)}  # a#1 kept from an earlier run
@@ -106,3 +116,77 @@ def test_documents_are_handed_over_whole_and_one_with_a_refused_chunk_is_left_ou
     mean = (chunk_vectors[:3] * weights[:, None]).sum(axis=0)
     expected = np.stack([mean / np.linalg.norm(mean), chunk_vectors[3] / np.linalg.norm(chunk_vectors[3])])
     np.testing.assert_allclose(np.array(documents_part.column("embedding").to_pylist()), expected, rtol=1e-6)
+
+
+# Whole runs: real built-in servers, real Ray.
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+MAX_INPUT_LENGTH = 64
+
+
+def long_text(seed: int, sentences: int) -> str:
+    """Sentences of 4-12 words, with a multi-byte word now and then."""
+    words = [WORDS[(seed * 7 + i * 5) % len(WORDS)] + ("é" if i % 11 == 0 else "") for i in range(sentences * 12)]
+    out, at = [], 0
+    for s in range(sentences):
+        size = 4 + (seed + s) % 9
+        out.append(" ".join(words[at:at + size]).capitalize() + ".")
+        at += size
+    return " ".join(out)
+
+
+def stats(endpoint: Endpoint) -> dict[str, Any]:
+    answer = httpx.get(f"{endpoint.url}/teibatch/stats", headers={"authorization": f"Bearer {endpoint.api_key}"})
+    answer.raise_for_status()
+    return answer.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_chunked_run_sends_nothing_the_servers_would_cut(tmp_path: Path, job_file: Callable[..., Path],
+                                                          tei_servers: Callable[..., list[Endpoint]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"id": f"d{i}", "text": long_text(i, 3 + i * 4), "title": f"Doc {i}"} for i in range(12)]
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
+    (endpoint,) = tei_servers(1, "--max-input-length", str(MAX_INPUT_LENGTH))
+    monkeypatch.setenv("CHUNK_KEY", endpoint.api_key or "")
+    job = load_job(job_file(
+        {"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 5},
+        {"provider": "static", "urls": [endpoint.url], "api_key_env": "CHUNK_KEY"},
+        model={"id": "teibatch/hashing-384", "truncate": False},  # a chunk over the limit would be refused (422)
+        chunking={"strategy": "tokens", "overlap_tokens": 8, "title_field": "title", "store_text": True}))
+    summary = run_job(job)
+    report = summary.to_json()
+    assert report["documents"]["rejected"] == 0 and summary.embedded == len(rows)
+    served = stats(endpoint)
+    assert served["violations"].get("input_length", 0) == 0
+    table = ds.dataset(tmp_path / "out" / "vectors").to_table().sort_by([("doc_id", "ascending"),
+                                                                           ("chunk_index", "ascending")])
+    rule = ApproxTokenizer()
+    texts = table.column("text").to_pylist()
+    assert max(rule.count(text) for text in texts) <= MAX_INPUT_LENGTH  # the server's own count
+    by_id = {row["id"]: row for row in rows}
+    for row in table.select(["doc_id", "chunk_index", "char_start", "char_end", "text"]).to_pylist():
+        title = by_id[row["doc_id"]]["title"]
+        assert row["text"] == f"{title}\n" + by_id[row["doc_id"]]["text"][row["char_start"]:row["char_end"]]
+    chunking = report["chunking"]
+    assert chunking["tokenizer"] == "builtin-hashing"
+    assert chunking["chunks"] == table.num_rows > len(rows)
+    assert chunking["tokens_embedded"] == served["tokens_embedded"] - rule.count(PROBE_TEXT)
+    assert sum(chunking["histogram"].values()) == table.num_rows
+
+
+def test_the_duckdb_query_of_the_readme_returns_the_best_passage_and_its_document(tmp_path: Path) -> None:
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed in this environment")
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    query = readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
+    schema = VectorSchema(dimension=2, chunks=True)
+    vectors = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)
+    table = vectors_table(schema, ids=["a#0", "a#1", "b#0"], vectors=vectors, hashes=["h"] * 3, kept={},
+                          chunks={"doc_id": ["a", "a", "b"], "chunk_index": [0, 1, 0], "chunk_count": [2, 2, 1],
+                                  "char_start": [0, 10, 0], "char_end": [10, 20, 5]})
+    (tmp_path / "out" / "vectors").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "out" / "vectors" / "part-s.parquet")
+    sql = query.replace("out/long-docs", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]") \
+        .replace("'a#0'", "'b#0'")
+    found = duckdb.sql(sql).fetchall()
+    assert found[0][:2] == ("b", 0)
