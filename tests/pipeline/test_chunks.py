@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -168,6 +170,8 @@ def test_a_chunked_run_sends_nothing_the_servers_would_cut(tmp_path: Path, job_f
     for row in table.select(["doc_id", "chunk_index", "char_start", "char_end", "text"]).to_pylist():
         title = by_id[row["doc_id"]]["title"]
         assert row["text"] == f"{title}\n" + by_id[row["doc_id"]]["text"][row["char_start"]:row["char_end"]]
+    jsonschema.validate(report, orjson.loads((Path(__file__).parents[2] / "docs" / "json" /
+                                              "run-report.schema.json").read_bytes()))
     chunking = report["chunking"]
     assert chunking["tokenizer"] == "builtin-hashing"
     assert chunking["chunks"] == table.num_rows > len(rows)

@@ -63,7 +63,7 @@ def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str]) -> Count
     if job.servers.provider != "local" or local_engine(job) != "builtin":
         tried.append("not the built-in server")
         return None
-    backend = _builtin_backend(job.servers.server_args)
+    backend = server_flag(job.servers.server_args, BUILTIN_BACKEND_FLAG) or BUILTIN_DEFAULT_BACKEND
     if backend == BUILTIN_DEFAULT_BACKEND:
         return HASHING
     try:
@@ -73,14 +73,14 @@ def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str]) -> Count
         return None
 
 
-def _builtin_backend(server_args: tuple[str, ...]) -> str:
-    """The ``--backend`` among a local server's flags (``--backend numpy`` or ``--backend=numpy``)."""
+def server_flag(server_args: tuple[str, ...], flag: str) -> str | None:
+    """The value of ``flag`` among a local server's flags (``--backend numpy`` or ``--backend=numpy``)."""
     for index, arg in enumerate(server_args):
-        if arg == BUILTIN_BACKEND_FLAG and index + 1 < len(server_args):
+        if arg == flag and index + 1 < len(server_args):
             return server_args[index + 1]
-        if arg.startswith(BUILTIN_BACKEND_FLAG + "="):
+        if arg.startswith(flag + "="):
             return arg.partition("=")[2]
-    return BUILTIN_DEFAULT_BACKEND
+    return None
 
 
 def _model_file(job: JobSpec, model_id: str | None, tried: list[str]) -> CounterSource | None:
