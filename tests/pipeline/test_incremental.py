@@ -43,15 +43,21 @@ def received(endpoint: Endpoint) -> dict[str, int]:
     return stats.json()["texts"]
 
 
+@pytest.fixture
+def recording(tei_servers: Callable[..., list[Endpoint]],
+              monkeypatch: pytest.MonkeyPatch) -> tuple[Endpoint, dict[str, object]]:
+    """One built-in server that records the texts it embeds, and the job's servers section for it."""
+    (endpoint,) = tei_servers(1, "--record-texts")
+    monkeypatch.setenv("INC_KEY", endpoint.api_key or "")
+    return endpoint, {"provider": "static", "urls": [endpoint.url], "api_key_env": "INC_KEY"}
+
+
 def test_rerun_sends_only_changed_and_added_texts(tmp_path: Path, job_file: Callable[..., Path],
-                                                   tei_servers: Callable[..., list[Endpoint]],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   recording: tuple[Endpoint, dict[str, object]]) -> None:
     root = tmp_path / "corpus"
     files = corpus_rows()
     write_corpus(root, files)
-    (endpoint,) = tei_servers(1, "--record-texts")
-    monkeypatch.setenv("INC_KEY", endpoint.api_key or "")
-    servers = {"provider": "static", "urls": [endpoint.url], "api_key_env": "INC_KEY"}
+    endpoint, servers = recording
     job = load_job(job_file({"path": str(root), "id_field": "id", "shard_docs": 20}, servers, mode="incremental"))
     first = run_job(job)
     assert first.embedded == FILES * PER_FILE
@@ -118,14 +124,11 @@ def chunk_table(out: Path) -> dict[str, list[object]]:
 
 
 def test_incremental_chunked_run_equals_a_fresh_run_row_for_row(tmp_path: Path, job_file: Callable[..., Path],
-                                                                tei_servers: Callable[..., list[Endpoint]],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                recording: tuple[Endpoint, dict[str, object]]) -> None:
     root = tmp_path / "corpus"
     files = chunked_rows()
     write_corpus(root, files)
-    (endpoint,) = tei_servers(1, "--record-texts")
-    monkeypatch.setenv("INC_KEY", endpoint.api_key or "")
-    servers = {"provider": "static", "urls": [endpoint.url], "api_key_env": "INC_KEY"}
+    endpoint, servers = recording
     corpus = {"path": str(root), "id_field": "id", "shard_docs": 6}
     job = load_job(job_file(corpus, servers, mode="incremental", chunking=CHUNKING))
     run_job(job)
