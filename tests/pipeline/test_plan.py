@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -115,6 +116,8 @@ def test_a_chunked_plan_counts_the_chunks_and_tokens_the_run_sends(tmp_path: Pat
     assert estimate.tokens == sum(chunk.tokens for c in cut for chunk in c.chunks)
     assert estimate.token_source == "chunked with builtin-hashing, max_tokens 40"
     assert estimate.to_json()["chunks"] == estimate.chunks
+    schema = Path(__file__).parents[2] / "docs" / "json" / "plan.schema.json"
+    jsonschema.validate(estimate.to_json(), json.loads(schema.read_text()))
 
     unknown = load_job(job_file(tmp_path, corpus={"path": str(tmp_path / "long")}, chunking=chunking,
                                 model={"id": "acme/not-here"}, servers={"provider": "static", "urls": ["http://x"]}))
