@@ -50,6 +50,19 @@ def test_minimal_job_gets_every_default(tmp_path: Path) -> None:
                  "http://", id="static-bad-url"),
     pytest.param(MINIMAL + "limits:\n  max_runtime: soon\n", "limits.max_runtime", 6, "duration",
                  id="bad-duration"),
+    pytest.param(MINIMAL + "chunking:\n  strategy: tokens\n  overlap: 5\n", "chunking.overlap", 7,
+                 "unknown key 'overlap' in chunking (known: strategy, max_tokens, overlap_tokens",
+                 id="chunking-unknown"),
+    pytest.param(MINIMAL + "chunking:\n  strategy: words\n", "chunking.strategy", 6, "'paragraphs'",
+                 id="chunking-strategy"),
+    pytest.param(MINIMAL + "chunking:\n  overlap_tokens: 5\n", "chunking", 5,
+                 "chunking.overlap_tokens is set but chunking is off", id="chunking-off-with-options"),
+    pytest.param(MINIMAL + "chunking:\n  strategy: tokens\n  max_tokens: 64\n  overlap_tokens: 64\n", "chunking",
+                 5, "overlap_tokens (64) must be below chunking.max_tokens (64)", id="chunking-overlap"),
+    pytest.param(MINIMAL + "chunking:\n  strategy: tokens\n  max_tokens: many\n", "chunking.max_tokens", 7,
+                 "auto", id="chunking-max-tokens"),
+    pytest.param("corpus:\n  path: x\n  keep_fields: [doc_id]\noutput:\n  path: o\nchunking:\n  strategy: tokens\n",
+                 None, None, "'doc_id', a column chunking writes itself", id="chunking-column-clash"),
 ])
 def test_bad_job_names_file_key_and_line(tmp_path: Path, text: str, key: str, line: int | None,
                                          words: str) -> None:
@@ -63,6 +76,18 @@ def test_bad_job_names_file_key_and_line(tmp_path: Path, text: str, key: str, li
     assert words in str(error)
     assert str(path) in str(error)
     assert error.exit_code == 2
+
+
+def test_chunking_is_off_by_default_and_joins_the_output_options_only_when_on(tmp_path: Path) -> None:
+    plain = load_job(write(tmp_path, MINIMAL))
+    assert not plain.chunking.enabled
+    assert not [key for key in plain.output_options() if key.startswith("chunking.")]
+    chunked = load_job(write(tmp_path, MINIMAL + "chunking:\n  strategy: sentences\n  overlap_tokens: 32\n"))
+    assert chunked.chunking.max_tokens == "auto" and chunked.chunking.tokenizer == "auto"
+    assert chunked.output_options()["chunking.overlap_tokens"] == 32
+    assert chunked.output_options()["chunking.strategy"] == "sentences"
+    assert "chunking.tokenizer" not in chunked.output_options()
+    assert chunked.output_fingerprint() != plain.output_fingerprint()
 
 
 def test_invalid_yaml_reports_line(tmp_path: Path) -> None:

@@ -57,8 +57,9 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: str | None, as_json: 
     if as_json:
         click.echo(orjson.dumps(estimate.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
-        click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, about {estimate.tokens:,} tokens "
-                   f"({estimate.token_source})")
+        chunks = f"about {estimate.chunks:,} chunks, " if estimate.chunks is not None else ""
+        click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {chunks}about {estimate.tokens:,} "
+                   f"tokens ({estimate.token_source})")
         if not estimate.rents:
             click.echo(f"provider {estimate.provider}: nothing rented, no cost")
         else:

@@ -19,6 +19,7 @@ from teibatch.corpus.overlap import output_inside
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
 from teibatch.jobfile import RawJob, every_problem, load_job_file, override_error, override_key
+from teibatch.sink.parts import CHUNK_COLUMNS, CHUNK_TEXT_COLUMN
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 DEFAULT_LOCAL_SERVERS = 2
@@ -219,6 +220,65 @@ class OutputSection(_Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+CHUNKING_OFF_KEYS = ("max_tokens", "overlap_tokens", "title_field", "prefix", "store_text", "document_vector",
+                     "tokenizer")
+
+
+class ChunkingSection(_Section):
+    """Long documents cut into chunks, each embedded as its own row (``pipeline/chunks.py``).
+
+    Off unless ``strategy`` is set: an output written without chunking keeps its meaning, and
+    ``output_options`` gains ``chunking.*`` keys only when it is on.
+    """
+
+    strategy: Literal["tokens", "sentences", "paragraphs", "chars"] | None = None
+    max_tokens: int | Literal["auto"] = "auto"    # auto: the servers' max_input_length (or client.max_input_length)
+    overlap_tokens: int = Field(0, ge=0)
+    title_field: str | None = None                 # a corpus field prepended to every chunk, then a line break
+    prefix: str = ""                               # a fixed text before every chunk (and its title)
+    store_text: bool = False                       # write each chunk's text in a `text` column
+    document_vector: Literal["none", "mean"] = "none"
+    tokenizer: str = "auto"                        # auto, or a tokenizer.json (or a folder holding one)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 2:
+            raise ValueError("must be auto or an integer of at least 2")
+        return value
+
+    @field_validator("title_field", "tokenizer")
+    @classmethod
+    def _not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChunkingSection:
+        if self.strategy is None:
+            changed = [key for key in CHUNKING_OFF_KEYS if getattr(self, key) != type(self).model_fields[key].default]
+            if changed:
+                raise ValueError(f"chunking.{changed[0]} is set but chunking is off: set chunking.strategy "
+                                 "(tokens, sentences, paragraphs or chars), or remove it")
+        if isinstance(self.max_tokens, int) and self.overlap_tokens >= self.max_tokens:
+            raise ValueError(f"chunking.overlap_tokens ({self.overlap_tokens}) must be below chunking.max_tokens "
+                             f"({self.max_tokens})")
+        if self.strategy == "chars" and self.tokenizer != "auto":
+            raise ValueError("chunking.strategy chars counts characters: remove chunking.tokenizer")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.strategy is not None
+
+    def output_options(self) -> dict[str, Any]:
+        """The options that shape an output's rows, by job-file key (the tokenizer is not one: the same
+        model's tokenizer found at another path cuts the same chunks, and each chunk's hash covers its text)."""
+        return {f"chunking.{key}": getattr(self, key) for key in
+                ("strategy", "max_tokens", "overlap_tokens", "title_field", "prefix", "store_text", "document_vector")}
+
+
 class LimitsSection(_Section):
     max_runtime: float | None = None
     max_shards_in_flight: int | Literal["auto"] = "auto"
@@ -242,6 +302,17 @@ class JobSpec(_Section):
     mode: Literal["full", "incremental"] = "full"
     limits: LimitsSection = LimitsSection()
     export: ExportSection = ExportSection()
+    chunking: ChunkingSection = ChunkingSection()
+
+    @model_validator(mode="after")
+    def _chunk_columns_free(self) -> JobSpec:
+        if self.chunking.enabled:
+            taken = [name for name, _ in CHUNK_COLUMNS] + ([CHUNK_TEXT_COLUMN] if self.chunking.store_text else [])
+            clash = [name for name in self.corpus.keep_fields if name in taken]
+            if clash:
+                raise ValueError(f"corpus.keep_fields names {clash[0]!r}, a column chunking writes itself "
+                                 f"({', '.join(taken)}): leave it out of keep_fields")
+        return self
 
     def corpus_options(self) -> CorpusOptions:
         """The corpus section as the record ``teibatch.corpus`` reads, leaving out the job's output
@@ -251,7 +322,7 @@ class JobSpec(_Section):
         options = CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
                                 keep_fields=c.keep_fields, shard_docs=c.shard_docs,
                                 storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file,
-                                keep_fields_types=c.keep_fields_types)
+                                keep_fields_types=c.keep_fields_types, title_field=self.chunking.title_field)
         inside = output_inside(options, self.output.path, self.output.storage_options)
         return dataclasses.replace(options, exclude=(inside,)) if inside else options
 
@@ -263,7 +334,9 @@ class JobSpec(_Section):
                 "dimensions": m.dimensions, "on_too_long": m.on_too_long}
 
     def output_options(self) -> dict[str, Any]:
-        """What makes two outputs comparable, by job-file key: the vector options and the reading options.
+        """What makes two outputs comparable, by job-file key: the vector options, the reading options
+        and, only when chunking is on, the chunking options (so outputs written without it keep their
+        fingerprint).
 
         The manifest keeps them beside their digest (:meth:`output_fingerprint`), so that a job whose
         options differ from an output's is refused naming each option that changed.
@@ -271,7 +344,8 @@ class JobSpec(_Section):
         c = self.corpus
         return {**{f"model.{'id' if key == 'model' else key}": value for key, value in self.vector_options().items()},
                 "corpus.id_field": c.id_field, "corpus.text_field": c.text_field,
-                "corpus.keep_fields": list(c.keep_fields), "output.vector_type": self.output.vector_type}
+                "corpus.keep_fields": list(c.keep_fields), "output.vector_type": self.output.vector_type,
+                **(self.chunking.output_options() if self.chunking.enabled else {})}
 
     def output_fingerprint(self) -> str:
         """A digest of :meth:`output_options`, in the shape earlier teibatch versions digested (their
@@ -279,8 +353,11 @@ class JobSpec(_Section):
         options = self.output_options()
         vector = {("model" if key == "model.id" else key.removeprefix("model.")): value
                   for key, value in options.items() if key.startswith("model.")}
-        reading = {key.partition(".")[2]: value for key, value in options.items() if not key.startswith("model.")}
-        blob = orjson.dumps({"vector": vector, "reading": reading}, option=orjson.OPT_SORT_KEYS)
+        reading = {key.partition(".")[2]: value for key, value in options.items()
+                   if not key.startswith(("model.", "chunking."))}
+        chunking = {key.partition(".")[2]: value for key, value in options.items() if key.startswith("chunking.")}
+        blob = orjson.dumps({"vector": vector, "reading": reading, **({"chunking": chunking} if chunking else {})},
+                            option=orjson.OPT_SORT_KEYS)
         return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 

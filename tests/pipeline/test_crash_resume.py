@@ -41,11 +41,11 @@ def ray_address(ray_session: None) -> Iterator[str]:
     yield ray.get_runtime_context().gcs_address
 
 
-def write_job(tmp_path: Path, corpus: Path, out: Path) -> Path:
+def write_job(tmp_path: Path, corpus: Path, out: Path, **sections: object) -> Path:
     spec = {"name": "crash", "corpus": {"path": str(corpus), "id_field": "id", "keep_fields": ["n"],
                                         "shard_docs": 10},
             "servers": {"provider": "local", "count": 2}, "output": {"path": str(out)},
-            "limits": {"max_shards_in_flight": 2}}
+            "limits": {"max_shards_in_flight": 2}, **sections}
     path = tmp_path / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -111,3 +111,36 @@ def test_baseline_is_complete(baseline: tuple[pa.Table, pa.Table]) -> None:
     assert rejects.column("id").to_pylist() == ["bad"]
 
 
+
+
+CHUNKING = {"strategy": "tokens", "max_tokens": 5, "overlap_tokens": 1, "document_vector": "mean"}
+
+
+@pytest.mark.parametrize(("point", "driver_dies"), [
+    pytest.param("commit:3", True, id="driver-middle-after-3-commits"),
+    pytest.param("shard-write:2", False, id="worker-between-its-parts"),
+])
+def test_killed_chunked_run_resumes_to_the_same_output(point: str, driver_dies: bool, corpus: Path, ray_address: str,
+                                                       tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    assert run(write_job(tmp_path, corpus, fresh, chunking=CHUNKING), ray_address).returncode == 0
+    out = tmp_path / "out"
+    job = write_job(tmp_path, corpus, out, chunking=CHUNKING)
+    crashed = run(job, ray_address, {CRASH_AT: point, CRASH_ONCE: str(tmp_path / "crashed-once")})
+    assert (tmp_path / "crashed-once").exists(), "the crash point was reached"
+    if driver_dies:
+        assert crashed.returncode == -signal.SIGKILL
+        resumed = run(job, ray_address)
+        assert resumed.returncode == 0, resumed.stderr
+    else:
+        assert crashed.returncode == 0, crashed.stderr
+    vectors, rejects = output_rows(out)
+    expected_vectors, expected_rejects = output_rows(fresh)
+    assert vectors.num_rows > 121  # chunks, more than the documents
+    assert_ids_unique(vectors)
+    assert vectors.equals(expected_vectors)
+    assert rejects.equals(expected_rejects)
+    documents = ds.dataset(out / "documents").to_table().sort_by("id")
+    assert documents.equals(ds.dataset(fresh / "documents").to_table().sort_by("id"))
+    assert documents.num_rows == 121
+    assert [p for p in out.rglob("*") if p.name.startswith(".tmp-")] == []

@@ -7,11 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from teibatch.cli_plan import plan
+from teibatch.corpus import ApproxTokenCounter, Chunker, ChunkingOptions
 from teibatch.errors import JobSpecError
 from teibatch.fleet.catalog import BillingRule, throughput_rule
 from teibatch.fleet.offers import Offer
@@ -70,7 +72,8 @@ def test_card_estimate_from_the_configs_names_its_source() -> None:
     assert unknown.cost is None and "--bench" in unknown.throughput_source
 
 
-def job_file(tmp_path: Path, *, servers: dict[str, Any], limits: dict[str, Any] | None = None) -> Path:
+def job_file(tmp_path: Path, *, servers: dict[str, Any], limits: dict[str, Any] | None = None,
+             **sections: dict[str, Any]) -> Path:
     # 40 documents of exactly 40 characters: the built-in estimate is 40 / 4 + 2 = 12 tokens each.
     rows = [{"id": f"d{i:02d}", "text": f"document {i:02d} " + "x" * 28} for i in range(40)]
     assert all(len(r["text"]) == 40 for r in rows)
@@ -78,6 +81,8 @@ def job_file(tmp_path: Path, *, servers: dict[str, Any], limits: dict[str, Any] 
     spec = {"corpus": {"path": str(tmp_path / "corpus"), "shard_docs": 15}, "model": {"id": "teibatch/unknown-model"},
             "servers": servers, "output": {"path": str(tmp_path / "out")}, "export": {"waive": True},
             "limits": limits or {}}
+    for section, values in sections.items():
+        spec[section] = {**spec.get(section, {}), **values}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -96,6 +101,29 @@ def test_estimate_run_by_hand(tmp_path: Path) -> None:
     assert estimate.cost == pytest.approx(240 / 3600 * 0.75)
     assert estimate.cards[1].cost == pytest.approx(240 / 3600 * 1.29)
     assert estimate.refused == (("gpu_1x_v100@us-south-1", "not A10 or A100"),)
+
+
+def test_a_chunked_plan_counts_the_chunks_and_tokens_the_run_sends(tmp_path: Path) -> None:
+    long_rows = [{"id": f"d{i}", "text": " ".join(f"word{j}" for j in range(30 + 50 * i))} for i in range(6)]
+    write_jsonl(tmp_path / "long" / "docs.jsonl", long_rows)
+    chunking = {"strategy": "tokens", "max_tokens": 40, "overlap_tokens": 8}
+    job = load_job(job_file(tmp_path, corpus={"path": str(tmp_path / "long")}, chunking=chunking,
+                            model={"id": "teibatch/hashing-384"}, servers={"provider": "local"}))
+    estimate = estimate_run(job)
+    chunker = Chunker(ChunkingOptions(40, 8), ApproxTokenCounter())
+    cut = [chunker.chunk(row["text"]) for row in long_rows]
+    assert estimate.chunks == sum(len(c.chunks) for c in cut) > len(long_rows)
+    assert estimate.tokens == sum(chunk.tokens for c in cut for chunk in c.chunks)
+    assert estimate.token_source == "chunked with builtin-hashing, max_tokens 40"
+    assert estimate.to_json()["chunks"] == estimate.chunks
+    schema = Path(__file__).parents[2] / "docs" / "json" / "plan.schema.json"
+    jsonschema.validate(estimate.to_json(), json.loads(schema.read_text()))
+
+    unknown = load_job(job_file(tmp_path, corpus={"path": str(tmp_path / "long")}, chunking=chunking,
+                                model={"id": "acme/not-here"}, servers={"provider": "static", "urls": ["http://x"]}))
+    guessed = estimate_run(unknown)
+    assert guessed.token_source.startswith("estimate: chunks cut by characters")
+    assert guessed.chunks is not None and guessed.chunks > len(long_rows)
 
 
 def test_local_jobs_rent_nothing_and_cost_nothing(tmp_path: Path) -> None:

@@ -82,6 +82,41 @@ def test_several_changes_are_all_named(made: Path) -> None:
             'output.vector_type: stored "float32", this job "float16"') in message, message
 
 
+def test_chunking_a_whole_document_output_is_refused_naming_the_chunking_options(made: Path) -> None:
+    message = refusal(job_for(made, chunking={"strategy": "tokens"}))
+    assert 'chunking.strategy: stored not recorded, this job "tokens"' in message, message
+    assert "model." not in message.split("holds vectors")[1].split("Mixing")[0]
+
+
+def test_a_job_without_chunking_keeps_the_fingerprint_of_outputs_made_before_it(made: Path) -> None:
+    job = job_for(made)
+    assert not any(key.startswith("chunking.") for key in job.output_options())
+    assert job.output_fingerprint() == JobSpec.model_validate(
+        {**job.model_dump(exclude={"chunking"}), "chunking": {"strategy": None}}).output_fingerprint()
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> Iterator[Path]:
+    """A finished chunked output of 6 documents."""
+    root = tmp_path_factory.mktemp("chunked")
+    write_jsonl(root / "corpus" / "a.jsonl", [{"id": f"d{i}", "text": f"text {i} " * 20, "title": f"T{i}"}
+                                              for i in range(6)])
+    run_job(job_for(root, chunking={"strategy": "tokens", "max_tokens": 16}))
+    yield root
+
+
+@pytest.mark.parametrize(("chunking", "named"), [
+    pytest.param({"strategy": "tokens", "max_tokens": 16, "overlap_tokens": 4},
+                 "chunking.overlap_tokens: stored 0, this job 4", id="overlap"),
+    pytest.param({"strategy": "sentences", "max_tokens": 16},
+                 'chunking.strategy: stored "tokens", this job "sentences"', id="strategy"),
+    pytest.param({"strategy": None}, 'chunking.strategy: stored "tokens", this job null', id="chunking-off"),
+])
+def test_a_chunked_output_refuses_other_chunking_options(chunked: Path, chunking: dict[str, Any], named: str) -> None:
+    message = refusal(job_for(chunked, chunking=chunking))
+    assert named in message, message
+
+
 def test_the_manifest_keeps_the_options_themselves(made: Path) -> None:
     manifest = orjson.loads((made / "out" / "_manifest.json").read_bytes())
     assert manifest["options"] == job_for(made).output_options()

@@ -9,10 +9,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teibatch.corpus import Document
-from teibatch.pipeline.shard import _RowsInOrder
+from teibatch.pipeline.chunks import RowsInOrder, Units
 from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions
 from teibatch.tei import EmbedResult
 from teibatch.tei.work import Failure
+
+
+def units_of(documents: list[Document], hashes: list[str]) -> Units:
+    """One unit per document (no chunking), with the given content hashes."""
+    units = Units(None, {})
+    for _ in units.expand(documents, [], []):
+        pass
+    units.hashes[:] = hashes
+    return units
 
 
 def vector(position: int) -> np.ndarray:
@@ -31,7 +40,7 @@ def test_embedded_and_reused_documents_are_handed_over_in_order_as_they_become_f
     hashes = [f"h{p}" for p in range(8)]
     reused = {p: (hashes[p], vector(p), p == 4) for p in (0, 3, 4, 7)}  # vectors kept from an earlier run
     with VectorsPart(schema, WriteOptions()) as part:
-        rows = _RowsInOrder(part, schema, documents, hashes, reused)
+        rows = RowsInOrder(part, schema, documents, units_of(documents, hashes), reused)
         rows.add([1, 2], result([1, 2], rejected=(2,)))
         assert part.rows == 2  # d0 (reused, before d1) and d1; d2 was rejected
         rows.add([5, 6], result([5, 6]))

@@ -53,6 +53,7 @@ class DocumentRules:
     """The source types its values (Parquet): they fit the output's types by planning's check."""
     kept: KeptFields | None = None
     """The output's kept-field types; ``None``: values as ``stringify`` has them (module doc)."""
+    title_field: str | None = None
 
     @classmethod
     def for_format(cls, options: CorpusOptions, fmt: str, kept: KeptFields | None = None) -> DocumentRules:
@@ -62,12 +63,14 @@ class DocumentRules:
             id_field = None
         elif fmt == FORMAT_BUILTIN and id_field is None:
             id_field = BUILTIN_ID_FIELD
-        return cls(id_field, options.text_field, tuple(options.keep_fields), native=fmt == "parquet", kept=kept)
+        return cls(id_field, options.text_field, tuple(options.keep_fields), native=fmt == "parquet", kept=kept,
+                   title_field=None if fmt == "text" else options.title_field)
 
     def columns(self) -> list[str]:
         """The fields a columnar reader needs, in a fixed order."""
         wanted = [self.id_field] if self.id_field else []
-        return list(dict.fromkeys([*wanted, self.text_field, *self.keep_fields]))
+        titled = [self.title_field] if self.title_field else []
+        return list(dict.fromkeys([*wanted, self.text_field, *self.keep_fields, *titled]))
 
     def to_item(self, row: Row, place: Place) -> Document | Reject:
         """A ``Document``, or a ``Reject`` saying why the row cannot be embedded.
@@ -89,7 +92,8 @@ class DocumentRules:
                           f"{place}: field {self.text_field!r} holds {kind}, not a string")
         if not text.strip():
             return Reject(doc_id, REJECT_EMPTY_TEXT, f"{place}: field {self.text_field!r} is empty")
-        return Document(doc_id, text, {name: self._kept(name, lookup(row, name), place) for name in self.keep_fields})
+        return Document(doc_id, text, {name: self._kept(name, lookup(row, name), place) for name in self.keep_fields},
+                        self._title(row))
 
     def id_of(self, row: dict[str, Any], place: Place) -> str | Reject:
         """The row's id under the id rule (module doc), or a ``malformed_record`` ``Reject``."""
@@ -113,6 +117,16 @@ class DocumentRules:
             return False
         value = lookup(row, self.id_field)
         return isinstance(value, int) and not isinstance(value, bool)
+
+    def _title(self, row: dict[str, Any]) -> str:
+        """The title field's value as text: a string as it is, nothing (missing, null) as ``""``,
+        anything else as compact JSON."""
+        if not self.title_field:
+            return ""
+        value = lookup(row, self.title_field)
+        if value is MISSING:
+            return ""
+        return stringify(value) or ""
 
     def _kept(self, name: str, value: Any, place: Place) -> Any:
         if value is MISSING:

@@ -170,6 +170,8 @@ def _require_fields(rules: DocumentRules, fmt: FileFormat, records: list[dict[st
         wanted.append((rules.id_field, "set corpus.id_field to the field that holds the ids, or leave it "
                                        "unset for ids from the file and row"))
     wanted += [(kept, "fix or remove it in corpus.keep_fields") for kept in rules.keep_fields]
+    if rules.title_field:
+        wanted.append((rules.title_field, "fix or remove chunking.title_field"))
     for wanted_field, advice in wanted:
         if schema is not None:
             found = schema_type(schema, wanted_field) is not None

@@ -41,6 +41,9 @@ class CorpusOptions:
     """Folders under the corpus root (relative to it, POSIX) whose files are never corpus: the job's
     own output when it lies inside the corpus (``corpus/overlap.py``). Not part of any shard id."""
     keep_fields_types: str = KEEP_FIELDS_STRICT
+    title_field: str | None = None
+    """A field read as each document's ``title`` (chunking prepends it to every chunk); not kept unless
+    ``keep_fields`` names it too."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,13 @@ class Shard:
 
 @dataclass(frozen=True)
 class Document:
-    """One document to embed; ``fields`` holds the ``keep_fields`` values."""
+    """One document to embed; ``fields`` holds the ``keep_fields`` values, ``title`` the ``title_field``
+    value as text (empty when the job names none or the record has none)."""
 
     id: str
     text: str
     fields: dict[str, Any] = field(default_factory=dict, hash=False)
+    title: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from teibatch.corpus.kept import KeptFields
 from teibatch.corpus.records import CorpusOptions
+from teibatch.pipeline.chunks import ChunkPlan
 from teibatch.sink.parts import VectorSchema, WriteOptions
 
 
@@ -22,3 +23,5 @@ class ShardContext:
     output_options: dict[str, Any] = field(default_factory=dict)
     kept: KeptFields | None = None
     """The output's kept-field types (``schema.kept``) and which fields are written as text."""
+    chunking: ChunkPlan | None = None
+    """How documents are cut into chunks; ``None``: each document is embedded whole."""

@@ -18,7 +18,9 @@ Nothing rests on the driver's reading: the task reads the same documents again (
 hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
 if they are not (the corpus changed in between), it drops the driver's results and sends its texts
 itself. A shard whose earlier parts may hold some of its vectors (incremental mode) gets no head
-start: which texts it sends is known only once it has read those parts.
+start: which texts it sends is known only once it has read those parts. Nor does a chunked job: its
+texts are chunks, which only its shard tasks cut (with the token rule they load), so every chunk is
+sent once, by its task.
 """
 
 from __future__ import annotations

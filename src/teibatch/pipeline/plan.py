@@ -1,7 +1,8 @@
 """What a run will cost before anything is rented: documents, tokens, cards, GPU-hours, dollars.
 
 :func:`estimate_run` plans the shards (as ``run`` would), estimates the tokens on a sample (with the
-model's own tokenizer when it is in the local Hugging Face cache, else the built-in estimate), and for
+model's own tokenizer when it is in the local Hugging Face cache, else the built-in estimate; with
+chunking, the chunks and their tokens as the run will cut them: ``pipeline/plan_chunks.py``), and for
 a GPU cloud job asks the cloud's API for the cards the job may rent and their prices now. Each card's
 throughput is a bench measurement when one is given, else the figure from ``configs/clouds.yaml``
 (named as the source). Time per card = tokens ÷ (throughput × count) + the startup budget
@@ -24,6 +25,7 @@ from teibatch.fleet.catalog import BillingRule, billing_rules, model_sizes, thro
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S
 from teibatch.fleet.offers import Offer, choose_offers
 from teibatch.job import CLOUD_PROVIDERS, JobSpec
+from teibatch.pipeline.plan_chunks import estimate_chunks
 
 DEFAULT_SAMPLE_DOCS = 500
 CHARS_PER_TOKEN = 4           # the built-in estimate: about 4 characters a token in English text...
@@ -67,6 +69,7 @@ class RunEstimate:
     billing: BillingRule | None = None
     cards: tuple[CardEstimate, ...] = ()
     refused: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    chunks: int | None = None  # with chunking: the chunks the run will embed (``tokens`` are theirs)
 
     @property
     def rents(self) -> bool:
@@ -85,7 +88,8 @@ class RunEstimate:
 
     def to_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "count": self.count, "shards": self.shards, "documents": self.documents,
-                "tokens": self.tokens, "token_source": self.token_source, "startup_s": self.startup_s,
+                "chunks": self.chunks, "tokens": self.tokens, "token_source": self.token_source,
+                "startup_s": self.startup_s,
                 "billing": ({"increment_s": self.billing.increment_s, "minimum_s": self.billing.minimum_s,
                              "source": self.billing.source} if self.billing else None),
                 "cards": [c.to_json() for c in self.cards],
@@ -182,12 +186,17 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
                 if isinstance(item, Document):
                     yield item
 
-    tokens = estimate_tokens(sample_docs(), documents, tokenize=tokenize, sample=sample,
-                             max_tokens=model.max_tokens if model and job.model.truncate else None)
-    source = f"{job.model.id} tokenizer" if tokenize else BUILTIN_TOKENS
+    chunks = None
+    if job.chunking.enabled:  # the chunks' tokens, as the run will cut and send them
+        estimate = estimate_chunks(job, sample_docs(), documents, sample)
+        chunks, tokens, source = estimate.chunks, estimate.tokens, estimate.source
+    else:
+        tokens = estimate_tokens(sample_docs(), documents, tokenize=tokenize, sample=sample,
+                                 max_tokens=model.max_tokens if model and job.model.truncate else None)
+        source = f"{job.model.id} tokenizer" if tokenize else BUILTIN_TOKENS
     provider, count = job.servers.provider, job.servers.count
     if provider not in CLOUD_PROVIDERS:
-        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0)
+        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks)
     from teibatch.pipeline.providers import cloud_api, gpu_want
 
     if offers is None:
@@ -203,7 +212,7 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
              for o in choice.usable]
     cards.sort(key=lambda c: (c.cost is None, c.cost or 0.0, c.offer.price_per_hour))
     return RunEstimate(provider, count, len(shards), documents, tokens, source, startup, billing, tuple(cards),
-                       tuple((o.label, reason) for o, reason in choice.refused))
+                       tuple((o.label, reason) for o, reason in choice.refused), chunks=chunks)
 
 
 def check_cost_limit(job: JobSpec, estimate: RunEstimate) -> None:

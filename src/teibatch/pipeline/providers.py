@@ -67,7 +67,7 @@ def provider_for(job: JobSpec) -> Provider:
         return _runpod_provider(job)
     if servers.provider == "vast":
         return _vast_provider(job)
-    if _local_engine(job) == "docker":
+    if local_engine(job) == "docker":
         _needs_model(job)
         options = {"volume": servers.volume} if servers.volume else {}
         return LocalDockerProvider(servers.count, model_id=job.model.id, image=servers.image,
@@ -77,7 +77,7 @@ def provider_for(job: JobSpec) -> Provider:
                          startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
 
 
-def _local_engine(job: JobSpec) -> str:
+def local_engine(job: JobSpec) -> str:
     """``builtin`` or ``docker``: ``auto`` means Docker when an engine answers and TEI can serve the model."""
     engine = job.servers.engine
     if engine != "auto":

@@ -27,6 +27,8 @@ from teibatch.errors import (
 )
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
+from teibatch.pipeline.chunking_setup import chunk_plan, chunking_info, early_counter
+from teibatch.pipeline.chunks import ChunkPlan, ChunkTally
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
@@ -225,6 +227,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
                            on_too_long=job.model.on_too_long)
+    counter = early_counter(job)  # a tokenizer that cannot be found stops the run before any server starts
     if supports(provider, Capability.SWEEP):
         ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
     clock = time.monotonic()
@@ -249,7 +252,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 # so that the servers wait for no process; the senders take over as they come up, and
                 # the rest of the first texts wait in them meanwhile.
                 met = time.monotonic()
-                first = None if previous(pending[0]) else FirstTexts(job.corpus_options(), pending[0])
+                # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
+                first = None if previous(pending[0]) or job.chunking.enabled else FirstTexts(
+                    job.corpus_options(), pending[0])
                 if first is not None:
                     first.read(MIN_HEAD_START_TEXTS)  # before the servers are met: the wave is planned at once
 
@@ -285,12 +290,17 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                     wave.go(fleet.dimension)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
+                chunking = chunk_plan(job, fleet, counter) if job.chunking.enabled else None
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
-                                 "servers": [s.info.to_json() for s in fleet.servers]}
+                                 "servers": [s.info.to_json() for s in fleet.servers],
+                                 **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
+                if chunking is not None:
+                    summary.chunking = ChunkTally()
+                    summary.tokenizer = chunking.source.label
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
                 if wave is not None:
                     wave.watch(_all_running(senders))
-                context = _context(job, fleet, kept)
+                context = _context(job, fleet, kept, chunking)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
                 wait_from = time.monotonic()
@@ -399,15 +409,21 @@ def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) ->
             "to a new output.path")
 
 
-def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None) -> ShardContext:
+def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: ChunkPlan | None) -> ShardContext:
     corpus = job.corpus_options()
-    hash_options = {**job.vector_options(), "model": fleet.model_id}
+    options = {**job.vector_options(), "model": fleet.model_id}
+    metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
+    hash_options = options
+    if chunking is not None:  # a chunk's hash covers the chunking options too
+        metadata["chunking"] = chunking_info(chunking, job)
+        hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
     schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type,
-                          kept=dict(kept.types) if kept is not None else {},
-                          metadata={"model_id": fleet.model_id, "options": hash_options, "job": job.name})
+                          kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
+                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text)
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
-                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept)
+                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
+                        chunking=chunking)
 
 
 def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:

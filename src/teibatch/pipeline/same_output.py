@@ -75,9 +75,12 @@ def mismatch_message(store: OutputStore, manifest: Manifest, job: JobSpec) -> st
 
 
 def _differences(stored: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, stored value, job's value)`` for each option of ``new`` that ``stored`` holds otherwise or lacks."""
-    return [(key, stored.get(key, NOT_RECORDED), value) for key, value in new.items()
-            if stored.get(key, NOT_RECORDED) != value]
+    """``(key, stored value, job's value)`` for each option of ``new`` that ``stored`` holds otherwise or lacks,
+    then each chunking option ``stored`` holds and ``new`` lacks (an output chunked, a job that is not: null)."""
+    changed = [(key, stored.get(key, NOT_RECORDED), value) for key, value in new.items()
+               if stored.get(key, NOT_RECORDED) != value]
+    return changed + [(key, value, None) for key, value in stored.items()
+                      if key.startswith("chunking.") and key not in new]
 
 
 def _describe(changed: list[tuple[str, Any, Any]]) -> str:

@@ -21,15 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 import ray
 
-from teibatch.corpus import Document, Reject, Shard, content_hash, read_shard
+from teibatch.corpus import Document, Reject, Shard, read_shard
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
+from teibatch.pipeline.chunks import ChunkTally, RowsInOrder, Units, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.senders import SenderRef, embedded_in_order
 from teibatch.sink import (
+    DOCUMENTS_DIR,
     REJECTS_DIR,
     VECTORS_DIR,
     OutputStore,
@@ -37,11 +40,9 @@ from teibatch.sink import (
     VectorsPart,
     read_vectors,
     rejects_table,
-    vectors_table,
     warm_up,
     write_part,
 )
-from teibatch.tei import EmbedResult
 from teibatch.tei.work import RETRYABLE_FAILURES, Failure
 
 # CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers. A private Ray
@@ -66,6 +67,7 @@ class ShardOutcome:
     peak_rss_mb: float = 0.0
     unfinished: int = 0
     unfinished_detail: str = ""
+    chunks: ChunkTally | None = None  # with chunking: documents, chunks, tokens, chunk lengths
 
     @property
     def committable(self) -> bool:
@@ -89,6 +91,8 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
     yield_to_senders()
+    if context.chunking is not None:
+        limit_tokenizer_threads()
     if context.schema.kept or any(previous):
         warm_up_once()
     node = ray.get_runtime_context().get_node_id()
@@ -152,63 +156,65 @@ def yield_to_senders() -> None:
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
                   previous_parts: tuple[str, ...] = (), head: HeadStart | None = None) -> ShardOutcome:
-    """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts; raise if it cannot finish.
+    """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts (and ``documents/`` with
+    ``chunking.document_vector``); raise if it cannot finish. With chunking, each chunk of a document
+    is embedded as its own row (``pipeline/chunks.py``).
 
     When servers failed some documents (see the module docstring) nothing is written and the
     outcome's ``unfinished`` says how many: the driver does not commit the shard.
 
     ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
-    document whose id and content hash are found there keeps its vector and is not sent again.
+    document (or chunk) whose id and content hash are found there keeps its vector and is not sent again.
     ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
     """
     started = time.monotonic()
     task_started = time.time()  # comparable between the tasks of every node, unlike the monotonic clock
     documents: list[Document] = []
-    hashes: list[str] = []
     rejects: list[Reject] = []
+    units = Units(context.chunking, context.hash_options)
 
     def read_documents() -> Iterator[Document]:
         for item in read_shard(context.corpus, shard, kept=context.kept):
             if isinstance(item, Document):
-                documents.append(item)
-                hashes.append(content_hash(item.text, context.hash_options))
                 yield item
             else:
                 rejects.append(item)
 
     store = OutputStore(context.output, context.output_options)
-    fresh: Iterable[Document] = read_documents()
+    fresh: Iterable[tuple[int, str]] = units.expand(read_documents(), documents, rejects)
     known: dict[str, tuple[str, np.ndarray, bool]] = {}
     if previous_parts:  # which vectors can be kept is known only once every id is
         fresh = list(fresh)
-        known = read_vectors(store, previous_parts, {d.id for d in fresh})
+        known = read_vectors(store, previous_parts, set(units.ids))
     to_embed: list[int] = []
     reused: dict[int, tuple[str, np.ndarray, bool]] = {}
 
     def texts_to_embed() -> Iterator[str]:
-        for position, document in enumerate(fresh):
-            previous = known.get(document.id)
-            if previous is not None and previous[0] == hashes[position]:
-                reused[position] = previous
+        for unit, text in fresh:
+            previous = known.get(units.ids[unit])
+            if previous is not None and previous[0] == units.hashes[unit]:
+                reused[unit] = previous
             else:
-                to_embed.append(position)
-                yield document.text
+                to_embed.append(unit)
+                yield text
 
-    failed: list[Reject] = []
+    failed: dict[int, Reject] = {}  # by document: its first unit the servers finally refused
     unfinished: list[Failure] = []
     truncated = 0
     with VectorsPart(context.schema, context.write) as part:
-        rows = _RowsInOrder(part, context.schema, documents, hashes, reused)
+        rows = RowsInOrder(part, context.schema, documents, units, reused)
         # Reading streams into the senders (the first chunk is on its way before the shard is read), and
         # the vectors into the part as they come back: after the last one, only its last group is left.
         for start, result in embedded_in_order(texts_to_embed(), senders, priority=task_started, stream=shard.id,
                                                head=None if previous_parts else head):
             positions = to_embed[start:start + len(result.ok)]
             for failure in result.failures:
+                unit = positions[failure.position]
                 if failure.reason in RETRYABLE_FAILURES:
                     unfinished.append(failure)
-                else:
-                    failed.append(Reject(documents[positions[failure.position]].id, failure.reason, failure.detail))
+                elif units.doc[unit] not in failed:
+                    failed[units.doc[unit]] = Reject(documents[units.doc[unit]].id, failure.reason,
+                                                     units.describe(unit) + failure.detail)
             if not unfinished:  # else nothing is written: the part is not worth encoding
                 rows.add(positions, result)
                 truncated += int(np.count_nonzero(result.truncated & result.ok))
@@ -219,76 +225,28 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                                 unfinished=len(unfinished),
                                 unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
         rows.finish()
-        rejects += failed
-        # Rejects first: the vectors part is the one a reader sees, so it comes last.
+        rejects += failed.values()
+        # Rejects first, then the documents part: the vectors part is the one a reader sees, so it comes last.
         write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
                                                                [r.detail for r in rejects]), context.write)
+        if context.chunking is not None and context.chunking.document_vector:
+            write_part(store, DOCUMENTS_DIR, shard.id, _documents_part(context.schema, rows.document_rows),
+                       context.write)
         crashpoint("shard-write")
         part.commit(store, VECTORS_DIR, shard.id)
+    if context.chunking is not None:
+        rows.tally.document_tokens = units.document_tokens
     return ShardOutcome(
         shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused), truncated=truncated,
         reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
+        chunks=rows.tally if context.chunking is not None else None,
     )
 
 
-class _RowsInOrder:
-    """Hands a shard's vectors to its part in document order, each document as soon as it is final.
-
-    A document is final once its chunk's result is back (the chunks come back in order) or, when its
-    vector is kept from an earlier run, once every document before it is; one the servers rejected
-    is left out (it is in the rejects part).
-    """
-
-    def __init__(self, part: VectorsPart, schema: VectorSchema, documents: list[Document], hashes: list[str],
-                 reused: dict[int, tuple[str, np.ndarray, bool]]) -> None:
-        self._part, self._schema = part, schema
-        self._documents, self._hashes, self._reused = documents, hashes, reused
-        self._given = 0  # documents handed over, by position
-
-    def add(self, positions: list[int], result: EmbedResult) -> None:
-        """``result`` for the documents at ``positions``, and the reused ones before its last."""
-        if positions:
-            self._hand_over(positions[-1] + 1, (np.asarray(positions, dtype=np.int64), result))
-
-    def finish(self) -> None:
-        """The reused documents after the last embedded one (every document has been read)."""
-        self._hand_over(len(self._documents), None)
-
-    def _hand_over(self, end: int, embedded: tuple[np.ndarray, EmbedResult] | None) -> None:
-        """Documents up to ``end``: those at ``embedded``'s positions from its result, the others reused."""
-        first = self._given
-        if end <= first:
-            return
-        self._given = end
-        if embedded is not None and len(embedded[0]) == end - first:
-            result = embedded[1]  # no reused one among them
-            vectors, ok, truncated = result.vectors, result.ok, result.truncated
-        else:
-            vectors = np.zeros((end - first, self._schema.dimension), dtype=np.float32)
-            ok = np.zeros(end - first, dtype=bool)
-            truncated = np.zeros(end - first, dtype=bool)
-            if embedded is not None:
-                at, result = embedded[0] - first, embedded[1]
-                vectors[at], ok[at], truncated[at] = result.vectors, result.ok, result.truncated
-            for position in range(first, end):
-                previous = self._reused.get(position)
-                if previous is not None:
-                    vectors[position - first], truncated[position - first] = previous[1], previous[2]
-                    ok[position - first] = True
-        kept = np.flatnonzero(ok)
-        if len(kept) < end - first:
-            vectors, truncated = vectors[kept], truncated[kept]
-        rows = (kept + first).tolist()  # plain ints: the per-document lists below index Python lists
-        documents = self._documents
-        self._part.add(vectors_table(
-            self._schema,
-            ids=[documents[p].id for p in rows],
-            vectors=vectors,
-            hashes=[self._hashes[p] for p in rows],
-            truncated=truncated,
-            kept={name: [documents[p].fields.get(name) for p in rows] for name in self._schema.kept},
-        ))
+def _documents_part(schema: VectorSchema, tables: list[pa.Table]) -> pa.Table:
+    """The documents part of a shard from its tables (an empty one when no document was written)."""
+    return pa.concat_tables(tables) if tables else schema.documents_arrow().empty_table()
 
 
 def peak_rss_mb() -> float:

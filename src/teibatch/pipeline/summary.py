@@ -11,6 +11,7 @@ from typing import Any
 
 from teibatch import __version__
 from teibatch.errors import StorageFull
+from teibatch.pipeline.chunks import ChunkTally
 from teibatch.pipeline.progress import SilentReporter
 from teibatch.pipeline.shard import ShardOutcome, peak_rss_mb
 
@@ -42,6 +43,8 @@ class RunSummary:
     events: list[dict[str, Any]] = field(default_factory=list)
     cost: dict[str, Any] | None = None  # what the rented instances cost, when the provider rents
     storage_full: StorageFull | None = None  # what stopped the run: no room left where it writes
+    chunking: ChunkTally | None = None  # a chunked run: documents, chunks, tokens, chunk lengths
+    tokenizer: str | None = None  # a chunked run: the token rule it counted with
 
     @property
     def rejected_total(self) -> int:
@@ -50,8 +53,14 @@ class RunSummary:
     def add(self, outcome: ShardOutcome) -> None:
         self.shards_committed += 1
         self.documents_read += outcome.read
-        self.embedded += outcome.rows - outcome.reused
-        self.reused += outcome.reused
+        if outcome.chunks is not None:  # rows are chunks: count documents
+            self.embedded += outcome.chunks.documents - outcome.chunks.documents_reused
+            self.reused += outcome.chunks.documents_reused
+            if self.chunking is not None:
+                self.chunking.add(outcome.chunks)
+        else:
+            self.embedded += outcome.rows - outcome.reused
+            self.reused += outcome.reused
         self.truncated += outcome.truncated
         self.rejected.update(outcome.reject_reasons)
         if outcome.node:
@@ -75,6 +84,8 @@ class RunSummary:
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
             **({"cost": self.cost} if self.cost is not None else {}),
+            **({"chunking": {**self.chunking.to_json(), "tokenizer": self.tokenizer}}
+               if self.chunking is not None else {}),
             **({"storage_full": {"path": self.storage_full.path, "needed_bytes": self.storage_full.needed_bytes,
                                  "temporary": self.storage_full.temporary}} if self.storage_full is not None else {}),
         }

@@ -3,11 +3,13 @@
 from teibatch.sink.lock import LOCK, LockHolder, OutputLock
 from teibatch.sink.manifest import MANIFEST, Manifest, ShardEntry, remove_stale, remove_uncommitted_temp
 from teibatch.sink.parts import (
+    DOCUMENTS_DIR,
     REJECTS_DIR,
     VECTORS_DIR,
     VectorSchema,
     VectorsPart,
     WriteOptions,
+    documents_table,
     part_metadata,
     read_vectors,
     rejects_table,
@@ -20,6 +22,7 @@ from teibatch.sink.status import output_status
 from teibatch.sink.store import OutputStore
 
 __all__ = [
+    "DOCUMENTS_DIR",
     "LOCK",
     "MANIFEST",
     "REJECTS_DIR",
@@ -35,6 +38,7 @@ __all__ = [
     "VectorsPart",
     "WriteOptions",
     "choose_run",
+    "documents_table",
     "latest_report",
     "output_status",
     "part_metadata",

@@ -15,7 +15,7 @@ import orjson
 
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import SinkError
-from teibatch.sink.parts import REJECTS_DIR, VECTORS_DIR, part_path, shard_of
+from teibatch.sink.parts import DOCUMENTS_DIR, REJECTS_DIR, VECTORS_DIR, part_path, shard_of
 from teibatch.sink.store import TEMP_MARK, OutputStore
 
 MANIFEST = "_manifest.json"
@@ -130,7 +130,7 @@ def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list
     dropped = sorted(set(manifest.shards) - live)
     for shard_id in dropped:
         del manifest.shards[shard_id]
-    for directory in (VECTORS_DIR, REJECTS_DIR):
+    for directory in (VECTORS_DIR, DOCUMENTS_DIR, REJECTS_DIR):
         for name in store.list(directory):
             part_of = shard_of(name)
             if name.startswith(TEMP_MARK) or (part_of is not None and part_of not in live):
@@ -141,7 +141,7 @@ def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list
 def remove_uncommitted_temp(store: OutputStore) -> int:
     """Delete temporary files a killed run left behind; return how many."""
     removed = 0
-    for directory in (VECTORS_DIR, REJECTS_DIR, ""):
+    for directory in (VECTORS_DIR, DOCUMENTS_DIR, REJECTS_DIR, ""):
         for name in store.list(directory):
             if name.startswith(TEMP_MARK):
                 store.remove(f"{directory}/{name}" if directory else name)

@@ -1,4 +1,5 @@
-"""Parquet parts: one vectors part and one rejects part per shard, with a fixed schema."""
+"""Parquet parts: per shard one vectors part, one rejects part and, with ``chunking.document_vector``,
+one documents part, each with a fixed schema."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ from teibatch.storage_errors import storage_full
 
 VECTORS_DIR = "vectors"
 REJECTS_DIR = "rejects"
+DOCUMENTS_DIR = "documents"
 METADATA_KEY = b"teibatch"
 
 REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("detail", pa.string())])
 # Columns whose values are (nearly) all different: a dictionary only costs time there (it is tried,
 # then abandoned once it outgrows its page), and vector coordinates' min/max statistics help no reader.
 FIXED_COLUMNS = ("id", "embedding", "content_hash", "truncated")  # then the kept fields, in the job's order
+# With chunking, after the fixed columns: where each chunk lies in its document (then ``text`` with
+# chunking.store_text), before the kept fields.
+CHUNK_COLUMNS = (("doc_id", pa.string()), ("chunk_index", pa.int32()), ("chunk_count", pa.int32()),
+                 ("char_start", pa.int64()), ("char_end", pa.int64()))
+CHUNK_TEXT_COLUMN = "text"
 UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash"})
 NO_STATISTICS = frozenset({"embedding"})
 SPILL_COPY_BYTES = 8 << 20
@@ -33,27 +40,51 @@ SPILL_COPY_BYTES = 8 << 20
 
 @dataclass(frozen=True)
 class VectorSchema:
-    """The vectors part schema: ``id``, ``embedding``, ``content_hash`` and the kept fields."""
+    """The vectors part schema: ``id``, ``embedding``, ``content_hash``, ``truncated``, the chunk
+    columns when ``chunks`` (:data:`CHUNK_COLUMNS`, and ``text`` when ``chunk_text``), the kept fields."""
 
     dimension: int
     vector_type: str = "float32"
     kept: Mapping[str, pa.DataType] = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    chunks: bool = False
+    chunk_text: bool = False
 
     @property
     def value_type(self) -> pa.DataType:
         return pa.float16() if self.vector_type == "float16" else pa.float32()
 
+    @property
+    def chunk_columns(self) -> list[tuple[str, pa.DataType]]:
+        """The chunk columns of this schema, in order (none without chunking)."""
+        if not self.chunks:
+            return []
+        return [*CHUNK_COLUMNS, *([(CHUNK_TEXT_COLUMN, pa.string())] if self.chunk_text else [])]
+
+    def _embedding(self) -> pa.Field:
+        return pa.field("embedding", pa.list_(pa.field("item", self.value_type, nullable=False), self.dimension),
+                        nullable=False)
+
+    def _metadata(self) -> dict[bytes, bytes]:
+        return {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
+                                            "vector_type": self.vector_type})}
+
     def arrow(self) -> pa.Schema:
-        fields = [pa.field("id", pa.string(), nullable=False),
-                  pa.field("embedding", pa.list_(pa.field("item", self.value_type, nullable=False),
-                                                 self.dimension), nullable=False),
+        fields = [pa.field("id", pa.string(), nullable=False), self._embedding(),
                   pa.field("content_hash", pa.string(), nullable=False),
                   pa.field("truncated", pa.bool_(), nullable=False)]
+        fields += [pa.field(name, dtype, nullable=False) for name, dtype in self.chunk_columns]
         fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
-        meta = {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
-                                            "vector_type": self.vector_type})}
-        return pa.schema(fields, metadata=meta)
+        return pa.schema(fields, metadata=self._metadata())
+
+    def documents_arrow(self) -> pa.Schema:
+        """The documents part's schema (``chunking.document_vector``): ``id`` (the document's),
+        ``embedding``, ``content_hash``, ``chunk_count``, the kept fields."""
+        fields = [pa.field("id", pa.string(), nullable=False), self._embedding(),
+                  pa.field("content_hash", pa.string(), nullable=False),
+                  pa.field("chunk_count", pa.int32(), nullable=False)]
+        fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
+        return pa.schema(fields, metadata=self._metadata())
 
 
 @dataclass(frozen=True)
@@ -72,21 +103,39 @@ def part_path(directory: str, shard_id: str) -> str:
 
 
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
-                  kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None) -> pa.Table:
+                  kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None,
+                  chunks: Mapping[str, Sequence[Any] | np.ndarray] | None = None) -> pa.Table:
     """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32.
 
     ``truncated`` marks texts the client cut or had the server truncate after a refusal
-    (``model.on_too_long: truncate``); absent, no row is marked.
+    (``model.on_too_long: truncate``); absent, no row is marked. ``chunks``: the chunk columns'
+    values by name, when ``schema.chunks``.
     """
-    arrow = schema.arrow()
+    flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
+    columns: list[pa.Array] = [_string_array(ids), _embedding_array(schema, vectors), _string_array(hashes),
+                               _bool_array(flags)]
+    for name, dtype in schema.chunk_columns:
+        values = (chunks or {})[name]
+        columns.append(_string_array(values) if dtype == pa.string()  # type: ignore[arg-type]
+                       else _int_array(dtype, values))
+    columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
+    return pa.Table.from_arrays(columns, schema=schema.arrow())
+
+
+def documents_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
+                    chunk_counts: Sequence[int], kept: Mapping[str, Sequence[Any]]) -> pa.Table:
+    """A documents part table (:meth:`VectorSchema.documents_arrow`); ``vectors`` is (rows, dimension)."""
+    columns: list[pa.Array] = [_string_array(ids), _embedding_array(schema, vectors), _string_array(hashes),
+                               _int_array(pa.int32(), chunk_counts)]
+    columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
+    return pa.Table.from_arrays(columns, schema=schema.documents_arrow())
+
+
+def _embedding_array(schema: VectorSchema, vectors: np.ndarray) -> pa.Array:
     values = np.ascontiguousarray(vectors, dtype=np.float16 if schema.vector_type == "float16" else np.float32)
-    embedding = pa.FixedSizeListArray.from_arrays(
+    return pa.FixedSizeListArray.from_arrays(
         pa.Array.from_buffers(schema.value_type, values.size, [None, pa.py_buffer(values.reshape(-1))]),
         schema.dimension)
-    flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    columns: list[pa.Array] = [_string_array(ids), embedding, _string_array(hashes), _bool_array(flags)]
-    columns += [pa.array(kept.get(name, [None] * len(ids)), dtype) for name, dtype in schema.kept.items()]
-    return pa.Table.from_arrays(columns, schema=arrow)
 
 
 def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[str]) -> pa.Table:
@@ -106,6 +155,12 @@ def _string_array(values: Sequence[str]) -> pa.Array:
         return pa.array(values, pa.string())
     return pa.Array.from_buffers(pa.string(), len(encoded),
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
+
+
+def _int_array(dtype: pa.DataType, values: Sequence[int] | np.ndarray) -> pa.Array:
+    """``values`` as an Arrow ``int32`` or ``int64`` array (no nulls)."""
+    array = np.ascontiguousarray(values, dtype=np.int32 if dtype == pa.int32() else np.int64)
+    return pa.Array.from_buffers(dtype, len(array), [None, pa.py_buffer(array)])
 
 
 def _bool_array(flags: np.ndarray) -> pa.Array:
@@ -253,7 +308,10 @@ def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tu
         metadata = orjson.loads((schema.metadata or {})[METADATA_KEY])
     except (OSError, KeyError, ValueError, pa.ArrowException):
         return None
-    return metadata, tuple(schema.names[len(FIXED_COLUMNS):])
+    rest = schema.names[len(FIXED_COLUMNS):]
+    if "chunking" in metadata:  # the chunk columns come before the kept fields
+        rest = rest[len(CHUNK_COLUMNS) + bool(metadata["chunking"].get("store_text")):]
+    return metadata, tuple(rest)
 
 
 def shard_of(name: str) -> str | None:

@@ -1,0 +1,352 @@
+"""What a shard embeds, unit by unit, and how the vectors become rows, document by document.
+
+Without chunking a unit is a document: its id, its text, its content hash. With chunking
+(``chunking:`` in the job) a unit is a chunk of a document (``corpus/chunking.py``): id
+``<doc id>#<chunk index>``, the text sent (prefix, title, passage), and a content hash of that
+text under the vector and chunking options. The units of one document are always listed together,
+so the rows of a shard are handed to its part a whole document at a time: a document whose chunk
+the servers finally refused is left out whole (one reject), never half-indexed.
+
+With ``chunking.document_vector: mean`` each document written also gets one row in the shard's
+documents part: the mean of its chunks' vectors weighted by their tokens, renormalized to unit length.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from teibatch.corpus import (
+    REJECT_EMPTY_TEXT,
+    REJECT_UNCHUNKABLE,
+    ApproxTokenCounter,
+    Chunker,
+    ChunkingOptions,
+    Document,
+    HFTokenCounter,
+    Reject,
+    TokenCounter,
+    content_hash,
+)
+from teibatch.corpus.token_count import require_tokenizers
+from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
+from teibatch.tei import EmbedResult
+
+COUNTER_HASHING = "builtin-hashing"
+COUNTER_FILE = "tokenizer.json"
+COUNTER_CHARS = "chars"
+
+# Documents cut together: one ``encode_batch`` for all of them, small enough that the first chunks
+# reach the senders at once.
+CHUNK_BATCH_DOCS = 64
+CHUNK_BATCH_CHARS = 1 << 20
+# Threads ``tokenizers`` may use in one shard task, unless RAYON_NUM_THREADS says otherwise: a task
+# holds one Ray CPU, and several tasks run side by side beside the senders (and local servers).
+TOKENIZER_THREADS = 1
+# The report's chunk-length histogram: chunks by their tokens, up to each bound (the last: above it).
+HISTOGRAM_BOUNDS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+TITLE_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True)
+class CounterSource:
+    """A token rule as a shard task receives it (``pipeline/tokenizer_choice.py`` picks it): ``kind``
+    (:data:`COUNTER_HASHING`, :data:`COUNTER_FILE`, :data:`COUNTER_CHARS`), ``label`` (what the
+    report says) and, for a file, its text (the workers of a cluster need not see the driver's files)."""
+
+    kind: str
+    label: str
+    config: str | None = None
+
+    def counter(self) -> TokenCounter | None:
+        """The counter, built once per process; ``None`` for ``chars``, whose chunker counts characters."""
+        return _counter(self)
+
+
+@functools.lru_cache(maxsize=4)
+def _counter(source: CounterSource) -> TokenCounter | None:
+    if source.kind == COUNTER_HASHING:
+        return ApproxTokenCounter()
+    if source.kind == COUNTER_FILE and source.config is not None:
+        return HFTokenCounter(require_tokenizers().Tokenizer.from_str(source.config))
+    return None
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a shard task cuts its documents: the job's ``chunking`` block with ``max_tokens`` resolved
+    against the servers, and the token rule to count with."""
+
+    options: ChunkingOptions
+    source: CounterSource
+    prefix: str = ""
+    titled: bool = False
+    store_text: bool = False
+    document_vector: bool = False
+
+    def chunker(self) -> Chunker:
+        return Chunker(self.options, self.source.counter())
+
+    def prefix_of(self, document: Document) -> str:
+        """What starts each of ``document``'s chunks: the fixed prefix, then its title and a line break."""
+        if self.titled and document.title:
+            return f"{self.prefix}{document.title}{TITLE_SEPARATOR}"
+        return self.prefix
+
+
+def limit_tokenizer_threads() -> None:
+    """Keep ``tokenizers`` to :data:`TOKENIZER_THREADS` in this (shard worker) process, unless the
+    environment sets RAYON_NUM_THREADS; it takes every core otherwise. Call before its first batch."""
+    os.environ.setdefault("RAYON_NUM_THREADS", str(TOKENIZER_THREADS))
+
+
+@dataclass
+class ChunkTally:
+    """A shard's chunking counts for the report: documents and chunks written (and of those reused
+    from an earlier run), tokens sent now and in the documents, and the chunks by length."""
+
+    documents: int = 0
+    documents_reused: int = 0
+    chunks: int = 0
+    chunks_reused: int = 0
+    tokens_embedded: int = 0
+    document_tokens: int = 0
+    histogram: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: ChunkTally) -> None:
+        for name in ("documents", "documents_reused", "chunks", "chunks_reused", "tokens_embedded",
+                     "document_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.histogram.update(other.histogram)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"documents": self.documents, "documents_reused": self.documents_reused, "chunks": self.chunks,
+                "chunks_reused": self.chunks_reused, "tokens_embedded": self.tokens_embedded,
+                "document_tokens": self.document_tokens,
+                "histogram": {label: self.histogram[label] for label in histogram_labels() if self.histogram[label]}}
+
+
+def histogram_labels() -> list[str]:
+    """The histogram's buckets in order: ``1-32``, ``33-64``, … ``>8192``."""
+    lows = [1, *(bound + 1 for bound in HISTOGRAM_BOUNDS[:-1])]
+    return [f"{low}-{high}" for low, high in zip(lows, HISTOGRAM_BOUNDS, strict=True)] + [f">{HISTOGRAM_BOUNDS[-1]}"]
+
+
+def histogram_label(tokens: int) -> str:
+    labels = histogram_labels()
+    return labels[int(np.searchsorted(HISTOGRAM_BOUNDS, tokens))]
+
+
+class Units:
+    """A shard's units in order, as they are read: one per document, or one per chunk (``plan``).
+
+    ``doc[u]`` is the position (in the shard's documents) of unit ``u``'s document, ``first[d]``
+    the first unit of document ``d``; the chunk lists hold each chunk's place in its document.
+    """
+
+    def __init__(self, plan: ChunkPlan | None, hash_options: dict[str, Any]) -> None:
+        self.plan, self.hash_options = plan, hash_options
+        self.ids: list[str] = []
+        self.hashes: list[str] = []
+        self.doc: list[int] = []
+        self.first: list[int] = []
+        self.index: list[int] = []
+        self.count: list[int] = []
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.tokens: list[int] = []
+        self.texts: list[str] = []  # with chunking.store_text only
+        self.document_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def expand(self, documents: Iterable[Document], record: list[Document],
+               rejects: list[Reject]) -> Iterator[tuple[int, str]]:
+        """``(unit, text to send)`` for each unit of ``documents``; each document with units is
+        appended to ``record``, one the chunker cannot cut to ``rejects`` instead."""
+        if self.plan is None:
+            for document in documents:
+                self._add_document(record, document)
+                self._add(document.id, content_hash(document.text, self.hash_options))
+                yield len(self.ids) - 1, document.text
+            return
+        batch: list[Document] = []
+        chars = 0
+        for document in documents:
+            batch.append(document)
+            chars += len(document.text)
+            if len(batch) >= CHUNK_BATCH_DOCS or chars >= CHUNK_BATCH_CHARS:
+                yield from self._chunk(batch, record, rejects)
+                batch, chars = [], 0
+        yield from self._chunk(batch, record, rejects)
+
+    def _chunk(self, batch: list[Document], record: list[Document],
+               rejects: list[Reject]) -> Iterator[tuple[int, str]]:
+        if not batch:
+            return
+        plan = self.plan
+        assert plan is not None
+        chunked = plan.chunker().chunk_batch([d.text for d in batch], [plan.prefix_of(d) for d in batch])
+        for document, cut in zip(batch, chunked, strict=True):
+            if not cut.chunks:
+                reason = REJECT_UNCHUNKABLE if cut.problem else REJECT_EMPTY_TEXT
+                rejects.append(Reject(document.id, reason, cut.problem or "no text to embed between its whitespace"))
+                continue
+            self.document_tokens += cut.tokens
+            first = len(self.ids)
+            self._add_document(record, document)
+            for chunk in cut.chunks:
+                self._add(f"{document.id}#{chunk.index}", content_hash(chunk.text, self.hash_options))
+                self.index.append(chunk.index)
+                self.count.append(len(cut.chunks))
+                self.start.append(chunk.char_start)
+                self.end.append(chunk.char_end)
+                self.tokens.append(chunk.tokens)
+                if plan.store_text:
+                    self.texts.append(chunk.text)
+            for unit, chunk in enumerate(cut.chunks, start=first):
+                yield unit, chunk.text
+
+    def _add_document(self, record: list[Document], document: Document) -> None:
+        self.first.append(len(self.ids))
+        record.append(document)
+
+    def _add(self, unit_id: str, unit_hash: str) -> None:
+        self.ids.append(unit_id)
+        self.hashes.append(unit_hash)
+        self.doc.append(len(self.first) - 1)
+
+    def boundary(self, end: int) -> int:
+        """The last document boundary at or before unit ``end`` (every unit before it is of a whole document)."""
+        return end if end >= len(self.ids) else self.first[self.doc[end]]
+
+    def describe(self, unit: int) -> str:
+        """Which unit of its document ``unit`` is, for a reject's detail (empty without chunking)."""
+        if self.plan is None:
+            return ""
+        return f"chunk {self.index[unit]} of {self.count[unit]} ({self.ids[unit]}): "
+
+
+Reused = dict[int, tuple[str, np.ndarray, bool]]
+"""Units whose vector an earlier run's part holds: unit → (content hash, vector, truncated)."""
+
+
+class RowsInOrder:
+    """Hands a shard's vectors to its part in unit order, each document as soon as all its units are final.
+
+    A unit is final once its chunk of the senders' results is back (they come back in order) or,
+    when its vector is kept from an earlier run, once every unit before it is. A document with a unit
+    the servers rejected is left out whole (it is in the rejects part).
+    """
+
+    def __init__(self, part: VectorsPart, schema: VectorSchema, documents: list[Document], units: Units,
+                 reused: Reused) -> None:
+        self._part, self._schema = part, schema
+        self._documents, self._units, self._reused = documents, units, reused
+        self._given = 0  # units handed over (a document boundary)
+        self._carried: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # final units after _given
+        self._final = 0  # units final so far
+        self.tally = ChunkTally()
+        self.document_rows: list[Any] = []  # documents part tables (chunking.document_vector)
+
+    def add(self, positions: list[int], result: EmbedResult) -> None:
+        """``result`` for the units at ``positions``, and the reused ones before its last."""
+        if positions:
+            self._collect(positions[-1] + 1, (np.asarray(positions, dtype=np.int64), result))
+
+    def finish(self) -> None:
+        """The reused units after the last embedded one (every document has been read)."""
+        self._collect(len(self._units), None)
+
+    def _collect(self, end: int, embedded: tuple[np.ndarray, EmbedResult] | None) -> None:
+        """Units up to ``end`` are final: those at ``embedded``'s positions from its result, the others
+        reused; hand over the whole documents among them and keep the rest for later."""
+        first = self._final
+        if end <= first:
+            return
+        self._final = end
+        if embedded is not None and len(embedded[0]) == end - first:
+            result = embedded[1]  # no reused one among them
+            vectors, ok, truncated = result.vectors, result.ok, result.truncated
+        else:
+            vectors = np.zeros((end - first, self._schema.dimension), dtype=np.float32)
+            ok = np.zeros(end - first, dtype=bool)
+            truncated = np.zeros(end - first, dtype=bool)
+            if embedded is not None:
+                at, result = embedded[0] - first, embedded[1]
+                vectors[at], ok[at], truncated[at] = result.vectors, result.ok, result.truncated
+            for position in range(first, end):
+                previous = self._reused.get(position)
+                if previous is not None:
+                    vectors[position - first], truncated[position - first] = previous[1], previous[2]
+                    ok[position - first] = True
+        if self._carried is not None:
+            before = self._carried
+            vectors, ok, truncated = (np.concatenate([before[0], vectors]), np.concatenate([before[1], ok]),
+                                      np.concatenate([before[2], truncated]))
+        cut = self._units.boundary(end) - self._given
+        self._carried = (vectors[cut:], ok[cut:], truncated[cut:]) if cut < len(ok) else None
+        if cut > 0:
+            self._hand_over(vectors[:cut], ok[:cut], truncated[:cut])
+
+    def _hand_over(self, vectors: np.ndarray, ok: np.ndarray, truncated: np.ndarray) -> None:
+        """The units from ``_given`` on, whole documents: rows for every document all of whose units are ok."""
+        first, units = self._given, self._units
+        self._given += len(ok)
+        keep = ok
+        if not ok.all() and units.plan is not None:  # one refused chunk leaves its whole document out
+            docs = np.asarray(units.doc[first:self._given])
+            keep = ok & ~np.isin(docs, docs[~ok])
+        kept = np.flatnonzero(keep)
+        if len(kept) < len(ok):
+            vectors, truncated = vectors[kept], truncated[kept]
+        rows = (kept + first).tolist()  # plain ints: the per-unit lists below index Python lists
+        documents, doc_of = self._documents, units.doc
+        chunks: dict[str, list[Any]] | None = None
+        if units.plan is not None:
+            chunks = {"doc_id": [documents[doc_of[u]].id for u in rows], "chunk_index": [units.index[u] for u in rows],
+                      "chunk_count": [units.count[u] for u in rows], "char_start": [units.start[u] for u in rows],
+                      "char_end": [units.end[u] for u in rows],
+                      **({"text": [units.texts[u] for u in rows]} if units.plan.store_text else {})}
+            self._count(rows)
+            if units.plan.document_vector and rows:
+                self._document_rows(rows, vectors)
+        self._part.add(vectors_table(
+            self._schema, ids=[units.ids[u] for u in rows], vectors=vectors, hashes=[units.hashes[u] for u in rows],
+            truncated=truncated, chunks=chunks,
+            kept={name: [documents[doc_of[u]].fields.get(name) for u in rows] for name in self._schema.kept}))
+
+    def _count(self, rows: list[int]) -> None:
+        units, tally = self._units, self.tally
+        starts = [u for u in rows if units.index[u] == 0]
+        tally.documents += len(starts)
+        tally.documents_reused += sum(1 for u in starts if all(v in self._reused for v in range(u, u + units.count[u])))
+        tally.chunks += len(rows)
+        for u in rows:
+            tally.histogram[histogram_label(units.tokens[u])] += 1
+            if u in self._reused:
+                tally.chunks_reused += 1
+            else:
+                tally.tokens_embedded += units.tokens[u]
+
+    def _document_rows(self, rows: list[int], vectors: np.ndarray) -> None:
+        """One documents-part row per document in ``rows`` (each there whole, in order)."""
+        units = self._units
+        starts = np.flatnonzero(np.asarray([units.index[u] == 0 for u in rows]))
+        weights = np.asarray([units.tokens[u] for u in rows], dtype=np.float64)[:, None]
+        means = np.add.reduceat(vectors.astype(np.float64) * weights, starts, axis=0)
+        norms = np.linalg.norm(means, axis=1, keepdims=True)
+        means = (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+        documents = [self._documents[units.doc[rows[s]]] for s in starts]
+        hashes = [content_hash(d.text, units.hash_options) for d in documents]
+        self.document_rows.append(documents_table(
+            self._schema, ids=[d.id for d in documents], vectors=means, hashes=hashes,
+            chunk_counts=[units.count[rows[s]] for s in starts],
+            kept={name: [d.fields.get(name) for d in documents] for name in self._schema.kept}))

@@ -1,0 +1,196 @@
+"""Chunks as units: ids and places, whole documents handed over, a refused chunk's document left out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from teibatch.corpus import REJECT_UNCHUNKABLE, ChunkingOptions, Document, Reject, content_hash
+from teibatch.endpoint import Endpoint
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+from teibatch.pipeline.chunks import COUNTER_CHARS, ChunkPlan, CounterSource, RowsInOrder, Units, histogram_label
+from teibatch.server.tokens import ApproxTokenizer
+from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, vectors_table
+from teibatch.tei import EmbedResult
+from teibatch.tei.packing import PROBE_TEXT
+from teibatch.tei.work import Failure
+from tests.conftest import write_jsonl
+
+CHARS = CounterSource(COUNTER_CHARS, "characters")
+
+
+def plan(max_tokens: int = 10, **options: object) -> ChunkPlan:
+    return ChunkPlan(ChunkingOptions(max_tokens, 0, "chars"), CHARS, **options)  # type: ignore[arg-type]
+
+
+def expanded(units: Units, documents: list[Document]) -> tuple[list[tuple[int, str]], list[Document], list[Reject]]:
+    record: list[Document] = []
+    rejects: list[Reject] = []
+    return list(units.expand(documents, record, rejects)), record, rejects
+
+
+def test_each_chunk_is_a_unit_with_its_document_id_index_and_place() -> None:
+    units = Units(plan(10, prefix="p:", titled=True), {"model": "m"})
+    documents = [Document("a", "aaaa bbbb cccc dddd", title="T"), Document("b", "short")]
+    sent, record, rejects = expanded(units, documents)
+    assert record == documents and not rejects
+    assert units.ids == ["a#0", "a#1", "a#2", "a#3", "b#0"]
+    assert [text for _, text in sent] == ["p:T\naaaa", "p:T\nbbbb", "p:T\ncccc", "p:T\ndddd", "p:short"]
+    text = documents[0].text
+    assert [text[s:e] for s, e in zip(units.start[:4], units.end[:4], strict=True)] == ["aaaa", "bbbb", "cccc", "dddd"]
+    assert units.doc == [0, 0, 0, 0, 1] and units.first == [0, 4]
+    assert units.index == [0, 1, 2, 3, 0] and units.count == [4, 4, 4, 4, 1]
+    assert units.hashes[0] == content_hash("p:T\naaaa", {"model": "m"})
+    assert [units.boundary(end) for end in range(6)] == [0, 0, 0, 0, 4, 5]
+
+
+def test_a_document_the_chunker_cannot_cut_is_one_unchunkable_reject() -> None:
+    units = Units(plan(10, prefix="a prefix that is too long"), {})
+    sent, record, rejects = expanded(units, [Document("a", "some text")])
+    assert sent == [] and record == []
+    assert [(r.id, r.reason) for r in rejects] == [("a", REJECT_UNCHUNKABLE)]
+    assert "prefix" in rejects[0].detail
+
+
+def vector(unit: int) -> np.ndarray:
+    return np.array([unit + 1.0, 1.0], dtype=np.float32)
+
+
+def result(units: list[int], refused: tuple[int, ...] = ()) -> EmbedResult:
+    ok = np.array([u not in refused for u in units])
+    failures = [Failure(i, "input_too_long", "too long") for i, u in enumerate(units) if u in refused]
+    return EmbedResult(np.stack([vector(u) for u in units]), ok, failures)
+
+
+@pytest.mark.parametrize("store_text", [pytest.param(False, id="no-text"), pytest.param(True, id="text")])
+def test_documents_are_handed_over_whole_and_one_with_a_refused_chunk_is_left_out(tmp_path: Path,
+                                                                                  store_text: bool) -> None:
+    chunk_plan = plan(5, store_text=store_text, document_vector=True)
+    units = Units(chunk_plan, {"model": "m"})
+    documents = [Document("a", "aaaa bbbb cccc", {"lang": "x"}), Document("b", "dddd eeee", {"lang": "y"}),
+                 Document("c", "ffff", {"lang": "z"})]
+    _, record, _ = expanded(units, documents)
+    assert units.ids == ["a#0", "a#1", "a#2", "b#0", "b#1", "c#0"]
+    schema = VectorSchema(dimension=2, kept={"lang": pa.string()}, chunks=True, chunk_text=store_text)
+    reused = {1: ("whatever", vector(1), False)}  # a#1 kept from an earlier run
+    with VectorsPart(schema, WriteOptions()) as part:
+        rows = RowsInOrder(part, schema, record, units, reused)
+        rows.add([0], result([0]))
+        assert part.rows == 0  # a#2 is not back yet
+        rows.add([2, 3], result([2, 3]))
+        assert part.rows == 3  # a, whole; b waits for b#1
+        rows.add([4, 5], result([4, 5], refused=(4,)))
+        assert part.rows == 4  # b left out whole, c written
+        rows.finish()
+        part.commit(OutputStore(str(tmp_path)), "vectors", "s")
+    table = pq.read_table(tmp_path / "vectors" / "part-s.parquet")
+    assert table.column("id").to_pylist() == ["a#0", "a#1", "a#2", "c#0"]
+    assert table.column("doc_id").to_pylist() == ["a", "a", "a", "c"]
+    assert table.column("chunk_index").to_pylist() == [0, 1, 2, 0]
+    assert table.column("chunk_count").to_pylist() == [3, 3, 3, 1]
+    assert table.column("lang").to_pylist() == ["x", "x", "x", "z"]
+    text = documents[0].text
+    starts, ends = table.column("char_start").to_pylist(), table.column("char_end").to_pylist()
+    assert [text[s:e] for s, e in zip(starts[:3], ends[:3], strict=True)] == ["aaaa", "bbbb", "cccc"]
+    assert ("text" in table.column_names) is store_text
+    assert rows.tally.documents == 2 and rows.tally.chunks == 4 and rows.tally.chunks_reused == 1
+    assert rows.tally.tokens_embedded == 4 + 4 + 4  # a#0, a#2, c#0: characters
+    assert sum(rows.tally.histogram.values()) == 4 and rows.tally.histogram[histogram_label(4)] == 4
+
+    documents_part = pa.concat_tables(rows.document_rows)
+    assert documents_part.column("id").to_pylist() == ["a", "c"]
+    assert documents_part.column("chunk_count").to_pylist() == [3, 1]
+    assert documents_part.column("content_hash").to_pylist() == [content_hash(d.text, {"model": "m"})
+                                                                  for d in (documents[0], documents[2])]
+    chunk_vectors = np.array(table.column("embedding").to_pylist())
+    weights = np.array(units.tokens)[[0, 1, 2]]
+    mean = (chunk_vectors[:3] * weights[:, None]).sum(axis=0)
+    expected = np.stack([mean / np.linalg.norm(mean), chunk_vectors[3] / np.linalg.norm(chunk_vectors[3])])
+    np.testing.assert_allclose(np.array(documents_part.column("embedding").to_pylist()), expected, rtol=1e-6)
+
+
+# Whole runs: real built-in servers, real Ray.
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+MAX_INPUT_LENGTH = 64
+
+
+def long_text(seed: int, sentences: int) -> str:
+    """Sentences of 4-12 words, with a multi-byte word now and then."""
+    words = [WORDS[(seed * 7 + i * 5) % len(WORDS)] + ("é" if i % 11 == 0 else "") for i in range(sentences * 12)]
+    out, at = [], 0
+    for s in range(sentences):
+        size = 4 + (seed + s) % 9
+        out.append(" ".join(words[at:at + size]).capitalize() + ".")
+        at += size
+    return " ".join(out)
+
+
+def stats(endpoint: Endpoint) -> dict[str, Any]:
+    answer = httpx.get(f"{endpoint.url}/teibatch/stats", headers={"authorization": f"Bearer {endpoint.api_key}"})
+    answer.raise_for_status()
+    return answer.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_chunked_run_sends_nothing_the_servers_would_cut(tmp_path: Path, job_file: Callable[..., Path],
+                                                          tei_servers: Callable[..., list[Endpoint]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"id": f"d{i}", "text": long_text(i, 3 + i * 4), "title": f"Doc {i}"} for i in range(12)]
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
+    (endpoint,) = tei_servers(1, "--max-input-length", str(MAX_INPUT_LENGTH))
+    monkeypatch.setenv("CHUNK_KEY", endpoint.api_key or "")
+    job = load_job(job_file(
+        {"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 5},
+        {"provider": "static", "urls": [endpoint.url], "api_key_env": "CHUNK_KEY"},
+        model={"id": "teibatch/hashing-384", "truncate": False},  # a chunk over the limit would be refused (422)
+        chunking={"strategy": "tokens", "overlap_tokens": 8, "title_field": "title", "store_text": True}))
+    summary = run_job(job)
+    report = summary.to_json()
+    assert report["documents"]["rejected"] == 0 and summary.embedded == len(rows)
+    served = stats(endpoint)
+    assert served["violations"].get("input_length", 0) == 0
+    table = ds.dataset(tmp_path / "out" / "vectors").to_table().sort_by([("doc_id", "ascending"),
+                                                                           ("chunk_index", "ascending")])
+    rule = ApproxTokenizer()
+    texts = table.column("text").to_pylist()
+    assert max(rule.count(text) for text in texts) <= MAX_INPUT_LENGTH  # the server's own count
+    by_id = {row["id"]: row for row in rows}
+    for row in table.select(["doc_id", "chunk_index", "char_start", "char_end", "text"]).to_pylist():
+        title = by_id[row["doc_id"]]["title"]
+        assert row["text"] == f"{title}\n" + by_id[row["doc_id"]]["text"][row["char_start"]:row["char_end"]]
+    jsonschema.validate(report, orjson.loads((Path(__file__).parents[2] / "docs" / "json" /
+                                              "run-report.schema.json").read_bytes()))
+    chunking = report["chunking"]
+    assert chunking["tokenizer"] == "builtin-hashing"
+    assert chunking["chunks"] == table.num_rows > len(rows)
+    assert chunking["tokens_embedded"] == served["tokens_embedded"] - rule.count(PROBE_TEXT)
+    assert sum(chunking["histogram"].values()) == table.num_rows
+
+
+def test_the_duckdb_query_of_the_readme_returns_the_best_passage_and_its_document(tmp_path: Path) -> None:
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed in this environment")
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    query = readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
+    schema = VectorSchema(dimension=2, chunks=True)
+    vectors = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)
+    table = vectors_table(schema, ids=["a#0", "a#1", "b#0"], vectors=vectors, hashes=["h"] * 3, kept={},
+                          chunks={"doc_id": ["a", "a", "b"], "chunk_index": [0, 1, 0], "chunk_count": [2, 2, 1],
+                                  "char_start": [0, 10, 0], "char_end": [10, 20, 5]})
+    (tmp_path / "out" / "vectors").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "out" / "vectors" / "part-s.parquet")
+    sql = query.replace("out/long-docs", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]") \
+        .replace("'a#0'", "'b#0'")
+    found = duckdb.sql(sql).fetchall()
+    assert found[0][:2] == ("b", 0)
