@@ -219,8 +219,6 @@ def test_credentials_from_the_env_var_then_the_key_files(fake_vast: FakeVast, tm
 def test_job_rules(fake_vast: FakeVast, tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"export\.waive"):
         provider_for(load_job(write_job(tmp_path, export={"to": str(tmp_path / "volumes")})))
-    with pytest.raises(JobSpecError, match="spot capacity for runpod is not supported yet"):
-        load_job(write_job(tmp_path, {"provider": "runpod", "capacity": "spot", "gpu": ["RTX 4090"]}))
     with pytest.raises(JobSpecError, match=r"servers\.capacity is for the GPU clouds"):
         load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
     with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):

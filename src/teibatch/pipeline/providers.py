@@ -183,7 +183,7 @@ def _runpod_provider(job: JobSpec) -> RunPodProvider:
                           model_id=job.model.id, image=servers.image, server_args=tuple(servers.server_args),
                           startup_timeout=_startup_timeout(job), max_replacements=servers.max_replacements,
                           network_volume_id=servers.network_volume_id, container_disk_gb=servers.container_disk_gb,
-                          payload_limit=job.client.payload_limit)
+                          payload_limit=job.client.payload_limit, capacity=servers.capacity)
 
 
 def _vast_provider(job: JobSpec) -> VastProvider:
@@ -197,7 +197,7 @@ def _vast_provider(job: JobSpec) -> VastProvider:
     return VastProvider(api, count=servers.count, want=gpu_want(job), model_id=job.model.id, image=servers.image,
                         server_args=tuple(servers.server_args), startup_timeout=_startup_timeout(job),
                         max_replacements=servers.max_replacements, disk_gb=servers.container_disk_gb,
-                        payload_limit=job.client.payload_limit)
+                        payload_limit=job.client.payload_limit, capacity=servers.capacity)
 
 
 def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:
