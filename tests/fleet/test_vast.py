@@ -21,7 +21,8 @@ from teibatch.fleet.offers import GpuWant, Offer
 from teibatch.fleet.vast import VastApi, VastProvider, bid_for
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.plan import card_estimate, estimate_run
+from teibatch.pipeline.plan import estimate_run
+from teibatch.pipeline.pricing import card_estimate
 from teibatch.pipeline.providers import provider_for
 from tests.fleet.conftest import VAST_KEY, kill_when_ready, sweep_destroys_what_the_killed_run_left
 from tests.fleet.fake_vast import FakeVast
