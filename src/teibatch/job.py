@@ -222,7 +222,7 @@ class OutputSection(_Section):
 class LimitsSection(_Section):
     max_runtime: float | None = None
     max_shards_in_flight: int | Literal["auto"] = "auto"
-    max_cost: float | None = Field(None, gt=0)   # USD: a run whose planned cost is higher is refused
+    max_cost: float | None = Field(None, gt=0)   # USD: a run whose planned cost (what it rents) is higher is refused
 
     @field_validator("max_runtime", mode="before")
     @classmethod

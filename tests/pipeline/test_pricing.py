@@ -23,15 +23,23 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from teibatch.cli_plan import plan
 from teibatch.errors import JobSpecError
 from teibatch.fleet.catalog import BillingRule
 from teibatch.fleet.offers import Offer
-from teibatch.job import load_job
+from teibatch.job import JobSpec, load_job
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
-from teibatch.pipeline.pricing import BenchFigures, card_estimate, cheapest_combination
+from teibatch.pipeline.pricing import (
+    BenchFigures,
+    card_estimate,
+    cheapest_combination,
+    check_max_cost,
+    price_cards,
+    pricing_lines,
+)
 from tests.fleet.fake_runpod import FakeRunPod
 from tests.pipeline.test_plan import A10, job_file
 
@@ -170,3 +178,34 @@ def test_bench_file_figures_name_their_source(tmp_path: Path) -> None:
     assert _bench(("A10=1000",)) == BenchFigures((("A10", 1000.0, "--bench"),))
     with pytest.raises(JobSpecError, match="--bench A10=fast"):
         _bench(("A10=fast",))
+
+
+def worked_example_job(tmp_path: Path, capacity: str) -> JobSpec:
+    spec = {"corpus": {"path": str(tmp_path / "corpus")}, "model": {"id": "BAAI/bge-small-en-v1.5"},
+            "servers": {"provider": "runpod", "count": 4, "gpu": ["RTX 4090", "A6000"], "capacity": capacity,
+                        "startup_timeout": 900},
+            "output": {"path": str(tmp_path / "out")}, "export": {"waive": True},
+            "limits": {"max_runtime": "25m", "max_cost": 0.50}}
+    path = tmp_path / f"{capacity}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return load_job(path)
+
+
+def test_the_worked_example_of_the_docs(tmp_path: Path) -> None:
+    offers = [Offer("runpod", gpu, gpu, vram, price, interruptible=spot)
+              for gpu, vram, prices in ((RTX_4090, 24, (0.69, 0.35)), (A6000, 48, (0.76, 0.39)))
+              for price, spot in zip(prices, (False, True), strict=True)]
+    pricing = price_cards(worked_example_job(tmp_path, "any"), tokens=500_000_000, parameters=33_400_000,
+                          offers=offers)
+    docs = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()
+    example = docs.split("**A worked example** (tested)", 1)[1].split("```\n", 2)[1]
+    assert example.splitlines() == pricing_lines(pricing, "runpod", 4)
+    cheapest = pricing.cheapest
+    assert cheapest is not None and (cheapest.count, cheapest.billed_seconds) == (2, 1320)
+    assert cheapest.cost == pytest.approx(2 * 1320 / 3600 * 0.35)
+    assert pricing.run is not None and pricing.run.cost == pytest.approx(4 * 1140 / 3600 * 0.35)
+    check_max_cost(worked_example_job(tmp_path, "any"), pricing.run)
+    on_demand = worked_example_job(tmp_path, "on-demand")
+    run = price_cards(on_demand, tokens=500_000_000, parameters=33_400_000, offers=offers).run
+    with pytest.raises(JobSpecError, match=r"about \$0\.87 .*on-demand.*over limits\.max_cost \(\$0\.50\)"):
+        check_max_cost(on_demand, run)
