@@ -6,6 +6,7 @@ Registered by ``teibatch.cli`` (``main.add_command(plan)``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -13,73 +14,77 @@ import orjson
 from teibatch.cli_errors import handle_errors
 from teibatch.errors import JobSpecError
 
+if TYPE_CHECKING:
+    from teibatch.pipeline.pricing import BenchFigures
 
-def _bench(value: str | None) -> float | None:
-    """``--bench``: tokens/s of one card, as a number or a JSON file holding ``tokens_per_s``."""
-    if value is None:
-        return None
+
+def _figure(value: str, given: str) -> tuple[float, str]:
+    """One ``--bench`` figure: tokens/s of one card, as a number or a ``teibatch bench --save`` file; and its
+    source, as the plan names it."""
     try:
-        return float(value)
+        return float(value), "--bench"
     except ValueError:
         pass
     try:
         data = orjson.loads(Path(value).read_bytes())
-        return float(data["tokens_per_s"])
+        return float(data["tokens_per_s"]), f"{Path(value).name}, {data.get('measured_at') or 'saved'}"
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise JobSpecError(f"--bench {value}: expected tokens/s of one card, or a JSON file with "
+        raise JobSpecError(f"--bench {given}: expected tokens/s of one card, or a JSON file with "
                            f"'tokens_per_s' ({exc})") from None
+
+
+def _bench(values: tuple[str, ...]) -> BenchFigures | None:
+    """``--bench [GPU=]TOKENS_PER_S|FILE`` (repeatable): a figure for the cards GPU names, or for every card."""
+    from teibatch.pipeline.pricing import BenchFigures
+
+    if not values:
+        return None
+    figures = []
+    for value in values:
+        gpu, _, figure = value.partition("=") if "=" in value and not Path(value).exists() else ("", "", value)
+        figures.append((gpu.strip(), *_figure(figure, value)))
+    return BenchFigures(tuple(figures))
 
 
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a job file key, e.g. --set servers.count=8 (repeatable).")
-@click.option("--bench", default=None, metavar="TOKENS_PER_S|FILE",
-              help="Measured tokens/s of one card (a number, or a JSON file with tokens_per_s); "
-                   "default: the figures in configs/clouds.yaml.")
+@click.option("--bench", multiple=True, metavar="[GPU=]TOKENS_PER_S|FILE",
+              help="Measured tokens/s of one card: a number, or a `teibatch bench --save` file; GPU= for the "
+                   "cards that name (repeatable); default: the catalog estimate of configs/clouds.yaml.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
-def plan(job_file: str, overrides: tuple[str, ...], bench: str | None, as_json: bool) -> None:
+def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_json: bool) -> None:
     """Plan JOB_FILE without running it: shards, documents, tokens, and for a GPU cloud the cards it may
-    rent with today's prices, throughput, GPU-hours and cost (rounded up by the cloud's billing rule).
+    rent, on-demand and spot, with today's prices, throughput, GPU-hours and cost (rounded up by the
+    cloud's billing rule), what the run rents, and the cheapest card, capacity and count that finishes
+    within limits.max_runtime.
 
     \b
     Examples:
       teibatch plan job.yaml
       teibatch plan job.yaml --set servers.count=8 --bench 250000
-      teibatch plan job.yaml --json | jq .cost
+      teibatch plan job.yaml --bench "RTX 4090=bench-4090.json" --bench "A10=bench-a10.json"
+      teibatch plan job.yaml --json | jq .cheapest
     """
     from teibatch.job import load_job
     from teibatch.pipeline.plan import check_cost_limit, estimate_run
+    from teibatch.pipeline.pricing import pricing_lines
 
     job = load_job(job_file, list(overrides))
-    estimate = estimate_run(job, bench_tokens_per_s=_bench(bench))
+    estimate = estimate_run(job, bench=_bench(bench))
     if as_json:
         click.echo(orjson.dumps(estimate.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
         chunks = f"about {estimate.chunks:,} chunks, " if estimate.chunks is not None else ""
         click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {chunks}about {estimate.tokens:,} "
                    f"tokens ({estimate.token_source})")
-        if not estimate.rents:
+        if not estimate.rents or estimate.pricing is None:
             click.echo(f"provider {estimate.provider}: nothing rented, no cost")
         else:
-            billing = estimate.billing
-            assert billing is not None
-            click.echo(f"provider {estimate.provider}, {estimate.count} card(s); startup {estimate.startup_s:.0f}s "
-                       f"per card; billed per {billing.increment_s}s, at least {billing.minimum_s}s ({billing.source})")
-            for card in estimate.cards:
-                o = card.offer
-                where = f" {o.region}" if o.region else ""
-                if card.cost is None:
-                    click.echo(f"  {o.gpu:<28} {o.key}{where}  ${o.price_per_hour:.2f}/h  {card.throughput_source}")
-                    continue
-                assert card.tokens_per_s is not None and card.gpu_hours is not None
-                click.echo(f"  {o.gpu:<28} {o.key}{where}  ${o.price_per_hour:.2f}/h  "
-                           f"{card.tokens_per_s:,.0f} tokens/s  {card.gpu_hours:.2f} GPU-h  ${card.cost:.2f}")
-            if estimate.cards:
-                click.echo(f"throughput: {estimate.cards[0].throughput_source}")
-            for label, reason in estimate.refused:
-                click.echo(f"  refused {label}: {reason}")
+            for line in pricing_lines(estimate.pricing, estimate.provider, estimate.count):
+                click.echo(line)
             cost = estimate.cost
-            click.echo(f"cost: ${cost:.2f} (the cheapest card)" if cost is not None else "cost: unknown")
+            click.echo(f"cost: ${cost:.2f} (what the run rents)" if cost is not None else "cost: unknown")
     check_cost_limit(job, estimate)

@@ -98,7 +98,7 @@ class StaticServerSection(_Section):
 
 
 CLOUD_PROVIDERS = ("lambda", "runpod", "vast")
-SPOT_PROVIDERS = ("vast",)   # clouds whose spot (interruptible) capacity teibatch rents
+SPOT_PROVIDERS = ("runpod", "vast")   # clouds whose spot (interruptible) capacity teibatch rents
 
 
 class ServersSection(_Section):
@@ -164,9 +164,9 @@ class ServersSection(_Section):
             cloud_only.append("capacity")
         if self.provider not in CLOUD_PROVIDERS and cloud_only:
             raise ValueError(f"servers.{cloud_only[0]} is for the GPU clouds (provider lambda, runpod or vast)")
-        if self.provider in CLOUD_PROVIDERS and self.provider not in SPOT_PROVIDERS and self.capacity != "on-demand":
-            raise ValueError(f"servers.capacity: {self.capacity}: spot capacity for {self.provider} is not supported "
-                             f"yet; use capacity: on-demand, or provider {' or '.join(SPOT_PROVIDERS)}")
+        if self.provider == "lambda" and self.capacity != "on-demand":
+            raise ValueError(f"servers.capacity: {self.capacity}: Lambda Cloud offers no spot (interruptible) "
+                             f"capacity; use capacity: on-demand, or provider {' or '.join(SPOT_PROVIDERS)}")
         if self.min_reliability is not None and self.provider != "vast":
             raise ValueError("servers.min_reliability is for provider vast (the marketplace's machine reliability)")
         if self.provider == "vast":
@@ -282,7 +282,7 @@ class ChunkingSection(_Section):
 class LimitsSection(_Section):
     max_runtime: float | None = None
     max_shards_in_flight: int | Literal["auto"] = "auto"
-    max_cost: float | None = Field(None, gt=0)   # USD: a run whose planned cost is higher is refused
+    max_cost: float | None = Field(None, gt=0)   # USD: a run whose planned cost (what it rents) is higher is refused
 
     @field_validator("max_runtime", mode="before")
     @classmethod

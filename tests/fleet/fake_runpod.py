@@ -12,9 +12,13 @@ models give them) and, for prices, the ``runpod`` Python SDK's GraphQL (``runpod
 * ``GET /v1/pods`` → ``[Pod...]`` · ``GET /v1/pods/{podId}`` → Pod or 404 · ``DELETE /v1/pods/{podId}``
 * Pod: ``id``, ``name``, ``image``, ``desiredStatus`` (RUNNING, EXITED, TERMINATED), ``costPerHr``,
   ``gpu`` {id, count, displayName}, ``machine`` {gpuTypeId, dataCenterId}, ``publicIp``,
-  ``portMappings`` ({"80": <public port>}), ``ports``, ``env``, ``networkVolumeId``
-* GraphQL ``gpuTypes { id displayName memoryInGb securePrice communityPrice lowestPrice(input:
-  $lowest) { uninterruptablePrice stockStatus } }`` with ``$lowest: GpuLowestPriceInput!``
+  ``portMappings`` ({"80": <public port>}), ``ports``, ``env``, ``networkVolumeId``, ``interruptible``
+* GraphQL ``gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice
+  communitySpotPrice lowestPrice(input: $lowest) { minimumBidPrice uninterruptablePrice stockStatus } }``
+  with ``$lowest: GpuLowestPriceInput!`` (the spot fields as RunPod's GraphQL spec,
+  ``graphql-spec.runpod.io``, names them on ``GpuType`` and ``LowestPrice``)
+* a spot pod (``interruptible: true``) is rented at the card's spot price for its ``cloudType``:
+  ``costPerHr`` in the answer, ``interruptible: true`` on the Pod
 
 Not verified against a live API (no network here): the body of a failed create. It is modelled as
 ``{"error": "create pod: There are no longer any instances available with the requested
@@ -24,8 +28,10 @@ GraphQL gives for an out-of-stock GPU).
 The pod's container is the TEI image's command line run for real: ``dockerEntrypoint`` must be
 ``["timeout"]`` and ``dockerStartCmd`` ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``;
 the fake runs ``timeout <deadline> python -m teibatch serve --api-key $API_KEY <router args>`` on a free
-port and maps container port 80 to it. Faults: ``no_capacity`` (GPU type ids), ``stuck`` (that many pods
-never start), ``slow_creates``/``create_delay_s`` (made, answered late).
+port and maps container port 80 to it. Faults: ``no_capacity`` (GPU type ids), ``no_spot`` (GPU type ids
+with no spot pod to rent), ``spot_now`` (GPU type id → the spot price a create is charged, as when it
+rose since the query), ``stuck`` (that many pods never start), ``slow_creates``/``create_delay_s``
+(made, answered late).
 """
 
 from __future__ import annotations
@@ -40,13 +46,13 @@ from tests.fleet.fakehttp import ContainerFake
 
 GPU_TYPES = [
     {"id": "NVIDIA GeForce RTX 4090", "displayName": "RTX 4090", "memoryInGb": 24, "securePrice": 0.69,
-     "communityPrice": 0.34, "stock": "High"},
+     "communityPrice": 0.34, "secureSpotPrice": 0.35, "communitySpotPrice": 0.20, "stock": "High"},
     {"id": "NVIDIA RTX A6000", "displayName": "RTX A6000", "memoryInGb": 48, "securePrice": 0.76,
-     "communityPrice": 0.49, "stock": "Medium"},
+     "communityPrice": 0.49, "secureSpotPrice": 0.39, "communitySpotPrice": 0.25, "stock": "Medium"},
     {"id": "Tesla V100-SXM2-16GB", "displayName": "V100 SXM2", "memoryInGb": 16, "securePrice": 0.39,
-     "communityPrice": 0.19, "stock": "High"},
+     "communityPrice": 0.19, "secureSpotPrice": 0.20, "communitySpotPrice": 0.10, "stock": "High"},
     {"id": "NVIDIA H100 80GB HBM3", "displayName": "H100 SXM", "memoryInGb": 80, "securePrice": 2.99,
-     "communityPrice": 2.69, "stock": None},
+     "communityPrice": 2.69, "secureSpotPrice": 1.59, "communitySpotPrice": 1.39, "stock": None},
 ]
 NO_CAPACITY = ("create pod: There are no longer any instances available with the requested specifications. "
                "Please refresh and try again.")
@@ -60,9 +66,11 @@ class FakeRunPod(ContainerFake):
         super().__init__(api_key, workdir)
         self.pods: dict[str, dict[str, Any]] = {}
         self.creates: list[dict[str, Any]] = []
-        self.create_attempts: list[str] = []
+        self.create_attempts: list[str] = []          # GPU type ids; "<id> (spot)" for an interruptible pod
         self.terminates: list[str] = []
         self.no_capacity: set[str] = set()
+        self.no_spot: set[str] = set()
+        self.spot_now: dict[str, float] = {}
         self.stuck = 0
         self.slow_creates = 0
         self.create_delay_s = 0.0
@@ -91,9 +99,11 @@ class FakeRunPod(ContainerFake):
         if "gpuTypes" not in text or "$lowest: GpuLowestPriceInput!" not in text:
             return 200, {"errors": [{"message": "Cannot query this in the fake"}]}
         assert body["variables"]["lowest"] == {"gpuCount": 1}
+        prices = ("securePrice", "communityPrice", "secureSpotPrice", "communitySpotPrice")
         gpus = [{"id": g["id"], "displayName": g["displayName"], "memoryInGb": g["memoryInGb"],
-                 "securePrice": g["securePrice"], "communityPrice": g["communityPrice"],
-                 "lowestPrice": {"uninterruptablePrice": g["communityPrice"], "stockStatus": g["stock"]}}
+                 **{field: g[field] for field in prices if field in text},
+                 "lowestPrice": {"minimumBidPrice": g["communitySpotPrice"],
+                                 "uninterruptablePrice": g["communityPrice"], "stockStatus": g["stock"]}}
                 for g in GPU_TYPES]
         return 200, {"data": {"gpuTypes": gpus}}
 
@@ -103,14 +113,17 @@ class FakeRunPod(ContainerFake):
                  "dataCenterIds", "supportPublicIp", "interruptible"}
         assert set(body) <= known, set(body) - known
         gpu_id = body["gpuTypeIds"][0]
+        spot = bool(body.get("interruptible"))
         with self.lock:
-            self.create_attempts.append(gpu_id)
-            if gpu_id in self.no_capacity:
+            self.create_attempts.append(f"{gpu_id} (spot)" if spot else gpu_id)
+            if gpu_id in self.no_capacity or (spot and gpu_id in self.no_spot):
                 return 500, {"error": NO_CAPACITY, "status": 500}
             gpu = next(g for g in GPU_TYPES if g["id"] == gpu_id)
+            cloud = "community" if body["cloudType"] == "COMMUNITY" else "secure"
+            price = (self.spot_now.get(gpu_id, gpu[f"{cloud}SpotPrice"]) if spot else gpu[f"{cloud}Price"])
             pod_id = secrets.token_hex(7)
             pod = {"id": pod_id, "name": body["name"], "image": body["imageName"], "desiredStatus": "RUNNING",
-                   "costPerHr": gpu["securePrice"],
+                   "costPerHr": str(price), "interruptible": spot,
                    "gpu": {"id": gpu_id, "count": 1, "displayName": gpu["displayName"]},
                    "machine": {"gpuTypeId": gpu_id, "dataCenterId": "EU-RO-1"}, "publicIp": None, "portMappings": None,
                    "ports": body["ports"], "env": body.get("env", {}), "networkVolumeId": body.get("networkVolumeId"),

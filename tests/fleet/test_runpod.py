@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from teibatch.errors import JobSpecError
+from teibatch.errors import CapacityUnavailable, JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
 from teibatch.fleet.offers import GpuWant
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
@@ -164,3 +164,69 @@ def test_sigkill_then_fleet_sweep_terminates_the_pods(fake_runpod: FakeRunPod, t
     kill_when_ready([sys.executable, "-c", script], _env(tmp_path))
     assert fake_runpod.alive() == 2  # the pod and its process outlive the driver
     sweep_destroys_what_the_killed_run_left(fake_runpod.alive, "teibatch-killed-0")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ray_session")
+def test_spot_job_rents_interruptible_pods_end_to_end(fake_runpod: FakeRunPod, tmp_path: Path,
+                                                      ledger: Ledger) -> None:
+    job = write_job(tmp_path)
+    spec = yaml.safe_load(job.read_text())
+    spec["servers"].update(capacity="spot", max_price=0.50)
+    job.write_text(yaml.safe_dump(spec))
+    summary = run_job(load_job(job))
+    assert summary.embedded == 40 and summary.status == "done"
+    assert fake_runpod.create_attempts == ["NVIDIA GeForce RTX 4090 (spot)"] * 2
+    assert all(c["interruptible"] is True and c["dockerEntrypoint"] == ["timeout"] for c in fake_runpod.creates)
+    assert len(fake_runpod.terminates) == 2 and fake_runpod.alive() == 0
+    record = ledger.load(summary.run_id)
+    assert record is not None and record["config"]["capacity"] == "spot"
+    assert {e["offer"] for e in record["instances"].values()} == {"NVIDIA GeForce RTX 4090 (interruptible)"}
+    assert {e["price_per_hour"] for e in record["instances"].values()} == {0.35}  # the secure cloud's spot price
+
+
+@pytest.mark.timeout(60)
+def test_spot_price_is_capped_by_max_price(fake_runpod: FakeRunPod, ledger: Ledger) -> None:
+    # spot: RTX 4090 0.35, RTX A6000 0.39. The 4090's price rises to 0.45 between the query and the create.
+    fake_runpod.spot_now["NVIDIA GeForce RTX 4090"] = 0.45
+    spot = provider(ledger, capacity="spot", want=GpuWant(names=("RTX 4090", "A6000"), max_price=0.40))
+    with running(spot, LaunchSpec(run_id="cap")) as endpoints:
+        assert len(endpoints) == 1
+    assert fake_runpod.create_attempts == ["NVIDIA GeForce RTX 4090 (spot)", "NVIDIA RTX A6000 (spot)"]
+    assert len(fake_runpod.terminates) == 2 and fake_runpod.alive() == 0  # the 4090 at once, the A6000 at the end
+    record = ledger.load("cap")
+    assert record is not None and record["instances"]["teibatch-cap-0"]["price_per_hour"] == 0.39
+    under = provider(ledger, capacity="spot", want=GpuWant(names=("RTX 4090", "A6000"), max_price=0.30))
+    with (pytest.raises(CapacityUnavailable, match=r"no spot GPU .*over the price cap of \$0\.30/h"),
+          running(under, LaunchSpec(run_id="under"))):
+        pass
+    assert len(fake_runpod.create_attempts) == 2 and fake_runpod.alive() == 0
+
+
+@pytest.mark.timeout(60)
+def test_any_rents_spot_first_and_falls_back_to_on_demand(fake_runpod: FakeRunPod, ledger: Ledger) -> None:
+    with running(provider(ledger, capacity="any"), LaunchSpec(run_id="any1")):
+        pass
+    assert fake_runpod.create_attempts == ["NVIDIA GeForce RTX 4090 (spot)"]
+    fake_runpod.no_spot.update({"NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000"})  # "no capacity" for spot pods
+    with running(provider(ledger, capacity="any"), LaunchSpec(run_id="any2")):
+        pass
+    assert fake_runpod.create_attempts[1:] == ["NVIDIA GeForce RTX 4090 (spot)", "NVIDIA RTX A6000 (spot)",
+                                               "NVIDIA GeForce RTX 4090"]
+    assert fake_runpod.creates[-1]["interruptible"] is False and fake_runpod.alive() == 0
+    record = ledger.load("any2")
+    assert record is not None and record["instances"]["teibatch-any2-0"]["price_per_hour"] == 0.69
+
+
+def test_spot_is_a_valid_capacity_for_runpod_not_for_lambda(fake_runpod: FakeRunPod, tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    spec = yaml.safe_load(job.read_text())
+    for capacity in ("spot", "any"):
+        spec["servers"]["capacity"] = capacity
+        job.write_text(yaml.safe_dump(spec))
+        fleet_ = provider_for(load_job(job))
+        assert isinstance(fleet_, RunPodProvider) and fleet_.capacity == capacity
+    spec["servers"] = {"provider": "lambda", "ssh_key_name": "k", "gpu": ["A10"], "capacity": "spot"}
+    job.write_text(yaml.safe_dump(spec))
+    with pytest.raises(JobSpecError, match=r"servers\.capacity: spot: Lambda Cloud offers no spot"):
+        load_job(job)

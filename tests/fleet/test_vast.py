@@ -21,7 +21,8 @@ from teibatch.fleet.offers import GpuWant, Offer
 from teibatch.fleet.vast import VastApi, VastProvider, bid_for
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.plan import card_estimate, estimate_run
+from teibatch.pipeline.plan import estimate_run
+from teibatch.pipeline.pricing import card_estimate
 from teibatch.pipeline.providers import provider_for
 from tests.fleet.conftest import VAST_KEY, kill_when_ready, sweep_destroys_what_the_killed_run_left
 from tests.fleet.fake_vast import FakeVast
@@ -219,8 +220,6 @@ def test_credentials_from_the_env_var_then_the_key_files(fake_vast: FakeVast, tm
 def test_job_rules(fake_vast: FakeVast, tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"export\.waive"):
         provider_for(load_job(write_job(tmp_path, export={"to": str(tmp_path / "volumes")})))
-    with pytest.raises(JobSpecError, match="spot capacity for runpod is not supported yet"):
-        load_job(write_job(tmp_path, {"provider": "runpod", "capacity": "spot", "gpu": ["RTX 4090"]}))
     with pytest.raises(JobSpecError, match=r"servers\.capacity is for the GPU clouds"):
         load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
     with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):

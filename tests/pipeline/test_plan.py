@@ -18,7 +18,8 @@ from teibatch.errors import JobSpecError
 from teibatch.fleet.catalog import BillingRule, throughput_rule
 from teibatch.fleet.offers import Offer
 from teibatch.job import load_job
-from teibatch.pipeline.plan import builtin_tokens, card_estimate, check_cost_limit, estimate_run
+from teibatch.pipeline.plan import builtin_tokens, check_cost_limit, estimate_run
+from teibatch.pipeline.pricing import card_estimate
 from tests.conftest import write_jsonl
 from tests.fleet.fake_lambda import FakeLambda
 
@@ -64,7 +65,7 @@ def test_card_estimate_from_the_configs_names_its_source() -> None:
                              bench_tokens_per_s=None)
     expected = 0.25 * 125e12 / (2 * 33_400_000)
     assert estimate.tokens_per_s == pytest.approx(expected)
-    assert estimate.throughput_source == throughput_rule().source
+    assert estimate.throughput_source == f"catalog estimate: {throughput_rule().source}"
     seconds = 10**9 / (expected * 4) + 900
     assert estimate.billed_seconds == -(-int(seconds) // 60) * 60
     unknown = card_estimate(A10, tokens=10, count=1, startup_s=0, billing=PER_MINUTE, parameters=None,
@@ -98,8 +99,10 @@ def test_estimate_run_by_hand(tmp_path: Path) -> None:
     assert estimate.tokens == 40 * builtin_tokens("x" * 40) == 480
     assert estimate.token_source.startswith("built-in estimate")
     assert [c.offer.key for c in estimate.cards] == ["gpu_1x_a10", "gpu_1x_a100_sxm4"]  # cheapest first
-    assert estimate.cost == pytest.approx(240 / 3600 * 0.75)
-    assert estimate.cards[1].cost == pytest.approx(240 / 3600 * 1.29)
+    assert estimate.cards[0].cost == pytest.approx(240 / 3600 * 0.75)
+    # the run's estimate is what it rents: the A100 comes first per unit of the catalog's throughput
+    assert estimate.chosen is not None and estimate.chosen.offer.key == "gpu_1x_a100_sxm4"
+    assert estimate.cost == estimate.cards[1].cost == pytest.approx(240 / 3600 * 1.29)
     assert estimate.refused == (("gpu_1x_v100@us-south-1", "not A10 or A100"),)
 
 
@@ -161,12 +164,14 @@ def test_plan_command_prices_from_the_api(tmp_path: Path, lambda_api: FakeLambda
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert (data["documents"], data["tokens"]) == (40, 480)
-    assert data["cost"] == pytest.approx(240 / 3600 * 0.75)         # the fake lists gpu_1x_a10 at 75 cents/h
+    assert data["cards"][0]["cost"] == pytest.approx(240 / 3600 * 0.75)   # the fake lists gpu_1x_a10 at 75 cents/h
+    assert data["cost"] == pytest.approx(240 / 3600 * 1.29)   # what the run rents first: gpu_1x_a100_sxm4
     assert data["billing"]["increment_s"] == 60 and "one-minute" in data["billing"]["source"]
     assert [c["key"] for c in data["cards"]] == ["gpu_1x_a10", "gpu_1x_a100_sxm4"]  # 8x types are not offered
     assert lambda_api.creates == []                                  # planning rents nothing
     text = CliRunner().invoke(plan, [str(job), "--bench", "100"])
-    assert "40 documents, about 480 tokens" in text.output and "$0.05" in text.output
+    assert "40 documents, about 480 tokens" in text.output and "$   0.05" in text.output
+    assert "cost: $0.09 (what the run rents)" in text.output
     over = CliRunner().invoke(plan, [str(job), "--bench", "100", "--set", "limits.max_cost=0.01"])
     assert over.exit_code == 2 and "limits.max_cost" in over.output
 

@@ -30,7 +30,7 @@ from teibatch.fleet.catalog import image_table
 from teibatch.fleet.hosted import DEADLINE_MARGIN_S, DEFAULT_STARTUP_TIMEOUT_S, UNBOUNDED_RUNTIME_S
 from teibatch.fleet.images import CONTAINER_PORT, KILL_AFTER_S, ImageChoice, choose_image
 from teibatch.fleet.ledger import Ledger
-from teibatch.fleet.offers import GpuWant, Offer, choose_offers, gpu_info
+from teibatch.fleet.offers import GpuWant, Offer, by_capacity, choose_offers, gpu_info
 from teibatch.fleet.rental import CloudApi, CloudState, Rental, Rented
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,10 @@ class ContainerCloudProvider(Provider):
     def __init__(self, api: CloudApi, *, count: int, want: GpuWant, model_id: str | None, image: str | None = None,
                  server_args: tuple[str, ...] | list[str] = (), startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
                  max_replacements: int = DEFAULT_MAX_REPLACEMENTS, payload_limit: int | None = None,
-                 ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S) -> None:
+                 ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S,
+                 capacity: str | None = None) -> None:
         self.api = api
+        self.capacity = str(capacity or getattr(api, "capacity", "on-demand"))   # servers.capacity
         self.count = count
         self.want = want
         self.model_id = model_id
@@ -90,14 +92,19 @@ class ContainerCloudProvider(Provider):
 
     def ledger_config(self) -> dict[str, Any]:
         """What ``fleet sweep`` needs to know of the run, besides its instances (never a secret)."""
-        return {"kind": self.name, "model_id": self.model_id}
+        return {"kind": self.name, "model_id": self.model_id, "capacity": self.capacity}
 
     def usable_offers(self) -> tuple[Offer, ...]:
-        """The offers this run may try, best first; :class:`CapacityUnavailable` when there is none."""
-        choice = choose_offers(self.api.offers(), self.want, self.model_id, image=self.image)
+        """The offers this run may try, best first (for ``capacity: any``, spot ones first);
+        :class:`CapacityUnavailable` when there is none."""
+        choice = choose_offers(list(by_capacity(self.api.offers(), self.capacity)), self.want, self.model_id,
+                               image=self.image)
         if not choice.usable:
-            raise CapacityUnavailable(f"{self.name}: no GPU this job can rent now: {choice.why_none()}")
-        return choice.usable
+            raise CapacityUnavailable(f"{self.name}: no {self.capacity} GPU this job can rent now: "
+                                      f"{choice.why_none()}")
+        if self.capacity == "any" and not choice.usable[0].interruptible:
+            log.info("%s: no spot offer fits the job; renting on-demand", self.name)
+        return by_capacity(choice.usable, self.capacity)
 
     def router_command(self, offer: Offer, deadline_s: int) -> tuple[ImageChoice, list[str]]:
         """TEI's image for the offer's card, and the arguments of ``timeout`` that run its router

@@ -13,11 +13,15 @@ Pure functions: nothing here calls a cloud.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from teibatch.errors import GpuUnsupported
 from teibatch.fleet.catalog import CloudCard, cloud_cards
 from teibatch.fleet.images import GpuInfo, check_fits, choose_image
+
+Capacity = Literal["on-demand", "spot", "any"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +134,15 @@ def choose_offers(offers: list[Offer], want: GpuWant, model_id: str | None, *, i
         return (not tflops, per_unit, offer.price_per_hour, region, offer.label)
 
     return OfferChoice(tuple(sorted(usable, key=rank)), tuple(refused))
+
+
+def capacity_of(offer: Offer) -> str:
+    """``spot`` for an interruptible offer, else ``on-demand``: the words of ``servers.capacity``."""
+    return "spot" if offer.interruptible else "on-demand"
+
+
+def by_capacity(offers: Iterable[Offer], capacity: str) -> tuple[Offer, ...]:
+    """The offers ``servers.capacity`` allows, in the order a run tries them: for ``any``, every spot
+    offer before every on-demand one (each kind keeps its order)."""
+    allowed = [o for o in offers if capacity == "any" or capacity_of(o) == capacity]
+    return tuple(sorted(allowed, key=lambda o: not o.interruptible)) if capacity == "any" else tuple(allowed)

@@ -3,15 +3,27 @@
 RunPod's APIs, the calls used (shapes from the REST API reference ``docs.runpod.io/api-reference``
 and the ``runpod`` Python SDK's GraphQL queries, ``runpod/api/queries/gpus.py``):
 
-* GraphQL ``gpuTypes { id displayName memoryInGb securePrice communityPrice lowestPrice(input: {gpuCount: 1})
-  { uninterruptablePrice stockStatus } }``: the cards and their current prices (the REST API lists none)
+* GraphQL ``gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice
+  communitySpotPrice lowestPrice(input: {gpuCount: 1}) { minimumBidPrice uninterruptablePrice stockStatus } }``:
+  the cards and their current prices, on-demand and spot (the REST API lists none)
 * REST ``POST /pods`` with ``name`` (``teibatch-<run id>-<n>``), ``imageName`` (from ``configs/images.yaml``
   by the card's compute capability), ``gpuTypeIds``, ``gpuCount: 1``, ``cloudType``, ``ports: ["80/tcp"]``,
   ``env: {"API_KEY": …}`` (TEI's ``--api-key``; the port is public), ``dockerEntrypoint: ["timeout"]`` and
-  ``dockerStartCmd`` (the host-side deadline around ``text-embeddings-router``), ``networkVolumeId`` and
-  ``volumeMountPath: /data`` when the job keeps its weights in a network volume
+  ``dockerStartCmd`` (the host-side deadline around ``text-embeddings-router``), ``interruptible`` (``true``:
+  a spot pod), ``networkVolumeId`` and ``volumeMountPath: /data`` when the job keeps its weights in a
+  network volume; answers the Pod, its ``costPerHr`` the price it is rented at
 * REST ``GET /pods/{id}``: ``desiredStatus``, ``publicIp`` and ``portMappings`` (``{"80": <public port>}``)
 * REST ``GET /pods``: the account's pods (found again by name) · REST ``DELETE /pods/{id}``: terminate
+
+**Spot pods.** ``servers.capacity: spot`` rents interruptible pods: ``POST /pods`` with ``interruptible:
+true``, at the card's current spot price (``secureSpotPrice`` / ``communitySpotPrice`` by
+``servers.cloud_type``; ``lowestPrice.minimumBidPrice`` for ``ALL``). RunPod's GraphQL mutation
+``podRentInterruptable(input: PodRentInterruptableInput!)`` takes an explicit ``bidPerGpu`` (as SkyPilot's
+``sky/provision/runpod/api/pods.py`` sends it), but its input sets the container's command only
+(``dockerArgs``), not its entrypoint, so the host-side deadline could not be kept; the REST call takes no
+bid. So ``max_price`` caps the bid in two places: a card whose spot price is over it is not tried, and a
+pod whose ``costPerHr`` comes back over it (the price rose since the query) is terminated at once and
+the next offer tried. ``any`` tries every spot offer first, then on-demand ones; "no capacity" moves on.
 
 The key is ``$RUNPOD_API_KEY`` or ``api_key`` in ``~/.runpod/config.toml`` (what ``runpod config``
 writes). ``$TEIBATCH_RUNPOD_API_URL`` and ``$TEIBATCH_RUNPOD_GRAPHQL_URL`` replace the APIs' addresses
@@ -45,6 +57,8 @@ _CAPACITY_WORDS = ("no longer any instances available", "no instances available"
                    "insufficient capacity", "there are no")
 _STATES = {"RUNNING": CloudState.PENDING, "CREATED": CloudState.PENDING, "RESTARTING": CloudState.PENDING,
            "EXITED": CloudState.FAILED, "DEAD": CloudState.FAILED, "TERMINATED": CloudState.GONE}
+#: servers.cloud_type → the gpuTypes fields of its on-demand and spot prices (ALL: lowestPrice's, either cloud)
+_PRICE_FIELDS = {"SECURE": ("securePrice", "secureSpotPrice"), "COMMUNITY": ("communityPrice", "communitySpotPrice")}
 GPU_TYPES_QUERY = """query GpuTypes($lowest: GpuLowestPriceInput!) {
   gpuTypes {
     id
@@ -52,7 +66,9 @@ GPU_TYPES_QUERY = """query GpuTypes($lowest: GpuLowestPriceInput!) {
     memoryInGb
     securePrice
     communityPrice
-    lowestPrice(input: $lowest) { uninterruptablePrice stockStatus }
+    secureSpotPrice
+    communitySpotPrice
+    lowestPrice(input: $lowest) { minimumBidPrice uninterruptablePrice stockStatus }
   }
 }"""
 
@@ -85,27 +101,29 @@ class RunPodApi(CloudApi):
         self._graphql.close()
 
     def offers(self) -> list[Offer]:
+        """Every card in stock, at most twice: on-demand, and spot where RunPod gives a spot price for it."""
         answer = self._graphql.call("POST", self._graphql.base_url, what="list GPU types",
                                     json={"query": GPU_TYPES_QUERY, "variables": {"lowest": {"gpuCount": 1}}})
         if answer.get("errors"):
             raise FleetError(f"runpod: list GPU types: {message_of(answer)}")
         offers = []
+        on_demand_field, spot_field = _PRICE_FIELDS.get(self.cloud_type, (None, None))
         for gpu in answer["data"]["gpuTypes"]:
             lowest = gpu.get("lowestPrice") or {}
             if not lowest.get("stockStatus"):
                 continue  # none to rent now
-            price = {"SECURE": gpu.get("securePrice"), "COMMUNITY": gpu.get("communityPrice")}.get(
-                self.cloud_type, lowest.get("uninterruptablePrice"))
-            if not price:
-                continue
-            offers.append(Offer(cloud="runpod", key=str(gpu["id"]), gpu=str(gpu["id"]), vram_gb=int(gpu["memoryInGb"]),
-                                price_per_hour=float(price)))
+            prices = {False: gpu.get(on_demand_field) if on_demand_field else lowest.get("uninterruptablePrice"),
+                      True: gpu.get(spot_field) if spot_field else lowest.get("minimumBidPrice")}
+            offers += [Offer(cloud="runpod", key=str(gpu["id"]), gpu=str(gpu["id"]), vram_gb=int(gpu["memoryInGb"]),
+                             price_per_hour=float(price), interruptible=interruptible)
+                       for interruptible, price in prices.items() if price]
         return offers
 
-    def create(self, body: Mapping[str, Any]) -> str:
+    def create(self, body: Mapping[str, Any]) -> CloudInstance:
+        """``POST /pods``: the pod as the answer shows it (its ``price_per_hour`` is what it is rented at)."""
         pod = self._rest.call("POST", "/pods", what=f"create pod {body['name']} on {body['gpuTypeIds'][0]}",
                               json=dict(body))
-        return str(pod["id"])
+        return self._instance(pod)
 
     @staticmethod
     def _instance(pod: Mapping[str, Any]) -> CloudInstance:
@@ -137,6 +155,8 @@ class RunPodProvider(ContainerCloudProvider):
 
     Pods are the servers and hold nothing to export (the weights live in the network volume, kept,
     when the job names one), so ``down`` terminates them (:mod:`~teibatch.fleet.containercloud`).
+    ``capacity``: ``on-demand``; ``spot`` (interruptible pods, at most ``max_price``); or ``any`` (spot
+    offers first, on-demand ones after them when no spot pod can be had).
     """
 
     name = "runpod"
@@ -154,7 +174,20 @@ class RunPodProvider(ContainerCloudProvider):
 
     def create(self, name: str, offer: Offer, deadline_s: int) -> str:
         assert isinstance(self.api, RunPodApi)
-        return self.api.create(self.pod_request(name, offer, deadline_s))
+        pod = self.api.create(self.pod_request(name, offer, deadline_s))
+        cap, price = self.want.max_price, pod.price_per_hour
+        if offer.interruptible and cap is not None and price is not None and price > cap:
+            # no bid on the REST call: a spot price that rose over the cap since the query is refused here
+            try:
+                self.api.terminate(pod.id)
+            except FleetError as exc:
+                raise FleetError(f"runpod: spot pod {name} ({pod.id}) came at ${price:.3f}/h, over servers.max_price "
+                                 f"(${cap:.3f}), and could not be terminated: {exc}; teardown terminates it") from exc
+            raise CapacityUnavailable(f"runpod: the spot price of {offer.gpu} is ${price:.3f}/h now, over "
+                                      f"servers.max_price (${cap:.3f}): pod {pod.id} terminated")
+        if price is not None and price != offer.price_per_hour and self._rental is not None:
+            self._rental.note(name, None, price_per_hour=price)   # the cost line counts what the pod is rented at
+        return pod.id
 
     def pod_request(self, name: str, offer: Offer, deadline_s: int) -> dict[str, Any]:
         """The ``POST /pods`` body for ``offer``: TEI's image for the card, behind the host-side deadline."""
@@ -162,7 +195,8 @@ class RunPodProvider(ContainerCloudProvider):
         body: dict[str, Any] = {
             "name": name, "imageName": image.image, "gpuTypeIds": [offer.key], "gpuCount": 1,
             "cloudType": getattr(self.api, "cloud_type", "SECURE"), "containerDiskInGb": self.container_disk_gb,
-            "volumeInGb": 0, "ports": [f"{CONTAINER_PORT}/tcp"], "supportPublicIp": True, "interruptible": False,
+            "volumeInGb": 0, "ports": [f"{CONTAINER_PORT}/tcp"], "supportPublicIp": True,
+            "interruptible": offer.interruptible,
             "env": {"API_KEY": self.api_key}, "dockerEntrypoint": ["timeout"], "dockerStartCmd": command}
         if self.want.regions:
             body["dataCenterIds"] = list(self.want.regions)

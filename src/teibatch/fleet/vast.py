@@ -31,23 +31,18 @@ There is no export: an instance's disk goes with it, so a job on Vast waives the
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from teibatch.errors import CapacityUnavailable, FleetError
 from teibatch.fleet.catalog import billing_rules, image_table
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.images import CONTAINER_PORT
-from teibatch.fleet.offers import GpuWant, Offer
+from teibatch.fleet.offers import Capacity, GpuWant, Offer
 from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState
-
-log = logging.getLogger(__name__)
-
-Capacity = Literal["on-demand", "spot", "any"]
 
 DEFAULT_API_URL = "https://console.vast.ai/api/v0"
 API_URL_ENV = "TEIBATCH_VAST_API_URL"
@@ -210,21 +205,6 @@ class VastProvider(ContainerCloudProvider):
     def __init__(self, api: VastApi, *, disk_gb: int = DEFAULT_DISK_GB, **options: Any) -> None:
         super().__init__(api, **options)
         self.disk_gb = disk_gb
-
-    @property
-    def capacity(self) -> str:
-        return getattr(self.api, "capacity", "on-demand")
-
-    def ledger_config(self) -> dict[str, Any]:
-        return {**super().ledger_config(), "capacity": self.capacity}
-
-    def usable_offers(self) -> tuple[Offer, ...]:
-        offers = super().usable_offers()
-        if self.capacity == "any":
-            if not any(o.interruptible for o in offers):
-                log.info("vast: no interruptible offer fits the job; renting on-demand")
-            return tuple(sorted(offers, key=lambda o: not o.interruptible))  # stable: each kind keeps its order
-        return offers
 
     def create(self, name: str, offer: Offer, deadline_s: int) -> str:
         assert isinstance(self.api, VastApi)

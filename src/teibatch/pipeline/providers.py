@@ -31,7 +31,7 @@ from teibatch.fleet.cost import run_cost
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
 from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin
 from teibatch.fleet.ledger import Ledger
-from teibatch.fleet.offers import GpuWant
+from teibatch.fleet.offers import Capacity, GpuWant
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.vast import DEFAULT_MIN_RELIABILITY, VastApi, VastProvider
 from teibatch.job import JobSpec, SshHostSection
@@ -142,13 +142,14 @@ def gpu_want(job: JobSpec) -> GpuWant:
                    regions=servers.regions)
 
 
-def cloud_api(job: JobSpec) -> LambdaApi | RunPodApi | VastApi:
-    """The API of the job's GPU cloud, with the key from the environment or the cloud's config file."""
+def cloud_api(job: JobSpec, capacity: Capacity | None = None) -> LambdaApi | RunPodApi | VastApi:
+    """The API of the job's GPU cloud, with the key from the environment or the cloud's config file; on Vast,
+    searching the offers of ``capacity`` (default: the job's ``servers.capacity``)."""
     servers = job.servers
     if servers.provider == "lambda":
         return LambdaApi()
     if servers.provider == "vast":
-        return VastApi(want=gpu_want(job), capacity=servers.capacity, disk_gb=servers.container_disk_gb,
+        return VastApi(want=gpu_want(job), capacity=capacity or servers.capacity, disk_gb=servers.container_disk_gb,
                        min_reliability=DEFAULT_MIN_RELIABILITY if servers.min_reliability is None
                        else servers.min_reliability)
     return RunPodApi(cloud_type=servers.cloud_type)
@@ -183,7 +184,7 @@ def _runpod_provider(job: JobSpec) -> RunPodProvider:
                           model_id=job.model.id, image=servers.image, server_args=tuple(servers.server_args),
                           startup_timeout=_startup_timeout(job), max_replacements=servers.max_replacements,
                           network_volume_id=servers.network_volume_id, container_disk_gb=servers.container_disk_gb,
-                          payload_limit=job.client.payload_limit)
+                          payload_limit=job.client.payload_limit, capacity=servers.capacity)
 
 
 def _vast_provider(job: JobSpec) -> VastProvider:
@@ -197,7 +198,7 @@ def _vast_provider(job: JobSpec) -> VastProvider:
     return VastProvider(api, count=servers.count, want=gpu_want(job), model_id=job.model.id, image=servers.image,
                         server_args=tuple(servers.server_args), startup_timeout=_startup_timeout(job),
                         max_replacements=servers.max_replacements, disk_gb=servers.container_disk_gb,
-                        payload_limit=job.client.payload_limit)
+                        payload_limit=job.client.payload_limit, capacity=servers.capacity)
 
 
 def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:
