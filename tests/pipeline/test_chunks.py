@@ -21,7 +21,7 @@ from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.chunks import COUNTER_CHARS, ChunkPlan, CounterSource, RowsInOrder, Units, histogram_label
 from teibatch.server.tokens import ApproxTokenizer
-from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, vectors_table
+from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, documents_table, vectors_table
 from teibatch.tei import EmbedResult
 from teibatch.tei.packing import PROBE_TEXT
 from teibatch.tei.work import Failure
@@ -221,18 +221,27 @@ def test_with_no_tokenizer_file_a_chunked_run_counts_with_the_servers_tokenize_r
         {k: v for k, v in hashed["chunking"].items() if k != "tokenizer"}
 
 
+def readme_query() -> str:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    return readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
+
+
 def test_the_duckdb_query_of_the_readme_returns_the_best_passage_and_its_document(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed in this environment")
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    query = readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
-    schema = VectorSchema(dimension=2, chunks=True)
-    vectors = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)
-    table = vectors_table(schema, ids=["a#0", "a#1", "b#0"], vectors=vectors, hashes=["h"] * 3, kept={},
-                          chunks={"doc_id": ["a", "a", "b"], "chunk_index": [0, 1, 0], "chunk_count": [2, 2, 1],
-                                  "char_start": [0, 10, 0], "char_end": [10, 20, 5]})
-    (tmp_path / "out" / "vectors").mkdir(parents=True)
-    pq.write_table(table, tmp_path / "out" / "vectors" / "part-s.parquet")
-    sql = query.replace("out/long-docs", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]") \
-        .replace("'a#0'", "'b#0'")
+    schema = VectorSchema(dimension=2, chunks=True, chunk_text=True)
+    vectors = np.array([[0, 1], [0.6, 0.8], [1, 0], [0.8, 0.6]], dtype=np.float32)
+    table = vectors_table(schema, ids=["a#0", "a#1", "b#0", "json#0"], vectors=vectors, hashes=["h"] * 4, kept={},
+                          chunks={"doc_id": ["a", "a", "b", "json"], "chunk_index": [0, 1, 0, 0],
+                                  "chunk_count": [2, 2, 1, 1], "char_start": [0, 10, 0, 0], "char_end": [10, 20, 5, 9],
+                                  "text": ["a\nfirst", "a\nsecond\nline", "b\nonly", "json\nits own"]})
+    documents = documents_table(schema, ids=["a", "b", "json"], vectors=np.array([[0, 1], [1, 0], [1, 0]], np.float32),
+                                hashes=["h"] * 3, chunk_counts=[2, 1, 1], kept={})
+    for folder, part in (("vectors", table), ("documents", documents)):
+        (tmp_path / "out" / folder).mkdir(parents=True)
+        pq.write_table(part, tmp_path / "out" / folder / "part-s.parquet")
+    sql = readme_query().replace("out/long-documents", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]")
     found = duckdb.sql(sql).fetchall()
-    assert found[0][:2] == ("b", 0)
+    # One row per document, its best chunk first, ranked by score; the passage without its title line.
+    assert [row[:4] + row[5:] for row in found] == [("b", 0, 0, 5, "only"), ("json", 0, 0, 9, "its own"),
+                                                    ("a", 1, 10, 20, "second line")]
+    assert [row[4] for row in found] == pytest.approx([1.0, 0.8, 0.6])
