@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from teibatch import __version__
 from teibatch.cli import main
+from teibatch.corpus.builtin import load_builtin
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,6 +114,26 @@ def test_quickstart_job(tmp_path: Path) -> None:
     table = ds.dataset(out / "vectors").to_table(columns=["id", "title", "source"])
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)) > 3000
+
+
+def test_long_documents_job(tmp_path: Path) -> None:
+    out = tmp_path / "long-documents"
+    result = CliRunner().invoke(main, ["run", str(REPO / "jobs" / "long-documents.yaml"),
+                                       "--set", f"output.path={out}"])
+    assert result.exit_code == 0, result.output
+    sources = {record["title"]: record["text"] for record in load_builtin("builtin:stdlib-source").records}
+    assert result.stdout.startswith(f"done: {len(sources):,} documents embedded as ")
+    table = ds.dataset(out / "vectors").to_table(columns=["id", "doc_id", "char_start", "char_end", "text", "path"])
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(set(ids)) > 2 * len(sources)
+    for row in table.to_pylist():  # each chunk: its title line, then its passage of the module's source
+        assert row["text"] == f"{row['doc_id']}\n" + sources[row["doc_id"]][row["char_start"]:row["char_end"]]
+    assert ds.dataset(out / "documents").count_rows() == len(sources)
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed in this environment")
+    readme = (REPO / "README.md").read_text()
+    query = readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
+    found = duckdb.sql(query.replace("out/long-documents", str(out))).fetchall()
+    assert len({row[0] for row in found}) == len(found) == 5 and found[0][0] == "json"
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -4,7 +4,7 @@ The hierarchy::
 
     TeibatchError
     ├── JobSpecError            the job file or command line is wrong (exit code 2)
-    │   └── TokenizerUnavailable no tokenizer.json for the model where looked, or unreadable (exit 2)
+    │   └── TokenizerUnavailable chunking.tokenizer's file missing or unreadable (exit 2)
     ├── CorpusError             the corpus cannot be listed or read as a whole
     │   └── CorpusMismatch      the corpus does not fit the job: no file, missing fields, unparsable (exit 2)
     ├── TeiError                a TEI server answered with an error, or did not answer
@@ -92,9 +92,11 @@ class JobSpecError(TeibatchError):
 
 
 class TokenizerUnavailable(JobSpecError):
-    """The model's ``tokenizer.json``, needed to count tokens as the servers do, is at none of the paths
-    tried (``tried`` lists them, in order), or it is there but cannot be read, or the ``tokenizers``
-    package is not installed (the message gives the install command).
+    """The ``tokenizer.json`` that ``chunking.tokenizer`` names, needed to count tokens as the servers
+    do, is not there or cannot be read, or the ``tokenizers`` package is not installed (the message
+    gives the install command). With ``tokenizer: auto`` a run does not stop for it (the servers'
+    ``/tokenize`` counts); only a look-up before any server is met raises it (``tried`` lists the
+    paths, in order).
 
     Give the path of the model's tokenizer.json, or download the model into a Hugging Face cache
     (``huggingface-cli download ORG/NAME tokenizer.json``) or the servers' volume folder.

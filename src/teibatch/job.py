@@ -238,7 +238,7 @@ class ChunkingSection(_Section):
     prefix: str = ""                               # a fixed text before every chunk (and its title)
     store_text: bool = False                       # write each chunk's text in a `text` column
     document_vector: Literal["none", "mean"] = "none"
-    tokenizer: str = "auto"                        # auto, or a tokenizer.json (or a folder holding one)
+    tokenizer: str = "auto"                        # auto, builtin-hashing, or a tokenizer.json (or its folder)
 
     @field_validator("max_tokens")
     @classmethod

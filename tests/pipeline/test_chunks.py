@@ -21,7 +21,7 @@ from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.chunks import COUNTER_CHARS, ChunkPlan, CounterSource, RowsInOrder, Units, histogram_label
 from teibatch.server.tokens import ApproxTokenizer
-from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, vectors_table
+from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, documents_table, vectors_table
 from teibatch.tei import EmbedResult
 from teibatch.tei.packing import PROBE_TEXT
 from teibatch.tei.work import Failure
@@ -179,18 +179,69 @@ def test_a_chunked_run_sends_nothing_the_servers_would_cut(tmp_path: Path, job_f
     assert sum(chunking["histogram"].values()) == table.num_rows
 
 
+@pytest.mark.usefixtures("ray_session")
+def test_with_no_tokenizer_file_a_chunked_run_counts_with_the_servers_tokenize_route(
+        tmp_path: Path, job_file: Callable[..., Path], tei_servers: Callable[..., list[Endpoint]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no Hugging Face cache holds a tokenizer.json
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "empty-cache"))
+    rows = [{"id": f"d{i}", "text": long_text(i, 3 + i * 3), "title": f"Doc {i}"} for i in range(10)]
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
+    # Built-in servers under another model name, reached as static ones: the built-in rule is not picked.
+    endpoints = tei_servers(2, "--max-input-length", str(MAX_INPUT_LENGTH), "--model-id", "acme/long")
+    monkeypatch.setenv("ROUTE_KEY", endpoints[0].api_key or "")
+
+    def run(out: str, **chunking: object) -> dict[str, Any]:
+        path = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 4},
+                        {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "ROUTE_KEY"},
+                        output={"path": str(tmp_path / out)}, model={"truncate": False},
+                        chunking={"strategy": "sentences", "overlap_tokens": 6, "title_field": "title", **chunking})
+        return run_job(load_job(path)).to_json()
+
+    report = run("route")
+    requests = sum(stats(e)["requests"]["by_route"].get("/tokenize", 0) for e in endpoints)
+    chunking = report["chunking"]
+    assert chunking["tokenizer"] == f"the servers' /tokenize route, {requests} requests"
+    assert chunking["tokenize"]["requests"] == requests > 0 and chunking["tokenize"]["retries"] == 0
+    assert report["documents"]["rejected"] == 0 and report["documents"]["embedded"] == len(rows)
+    jsonschema.validate(report, orjson.loads((Path(__file__).parents[2] / "docs" / "json" /
+                                              "run-report.schema.json").read_bytes()))
+    key = endpoints[0].api_key or "no key"
+    written = [(tmp_path / "route" / "_manifest.json").read_text(), orjson.dumps(report).decode()]
+    assert all(key not in text for text in written)
+
+    hashed = run("hashing", tokenizer="builtin-hashing")
+    assert hashed["chunking"]["tokenizer"] == "builtin-hashing" and "tokenize" not in hashed["chunking"]
+    assert sum(stats(e)["requests"]["by_route"].get("/tokenize", 0) for e in endpoints) == requests
+    by_route, by_rule = (ds.dataset(tmp_path / out / "vectors").to_table().sort_by("id")
+                         for out in ("route", "hashing"))
+    assert by_route.num_rows > len(rows) and by_route.equals(by_rule)
+    assert {k: v for k, v in chunking.items() if k not in ("tokenizer", "tokenize")} == \
+        {k: v for k, v in hashed["chunking"].items() if k != "tokenizer"}
+
+
+def readme_query() -> str:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    return readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
+
+
 def test_the_duckdb_query_of_the_readme_returns_the_best_passage_and_its_document(tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed in this environment")
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    query = readme.split("<!-- long-documents-query -->")[1].split("```sql")[1].split("```")[0]
-    schema = VectorSchema(dimension=2, chunks=True)
-    vectors = np.array([[1, 0], [0.6, 0.8], [0, 1]], dtype=np.float32)
-    table = vectors_table(schema, ids=["a#0", "a#1", "b#0"], vectors=vectors, hashes=["h"] * 3, kept={},
-                          chunks={"doc_id": ["a", "a", "b"], "chunk_index": [0, 1, 0], "chunk_count": [2, 2, 1],
-                                  "char_start": [0, 10, 0], "char_end": [10, 20, 5]})
-    (tmp_path / "out" / "vectors").mkdir(parents=True)
-    pq.write_table(table, tmp_path / "out" / "vectors" / "part-s.parquet")
-    sql = query.replace("out/long-docs", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]") \
-        .replace("'a#0'", "'b#0'")
+    schema = VectorSchema(dimension=2, chunks=True, chunk_text=True)
+    vectors = np.array([[0, 1], [0.6, 0.8], [1, 0], [0.8, 0.6]], dtype=np.float32)
+    table = vectors_table(schema, ids=["a#0", "a#1", "b#0", "json#0"], vectors=vectors, hashes=["h"] * 4, kept={},
+                          chunks={"doc_id": ["a", "a", "b", "json"], "chunk_index": [0, 1, 0, 0],
+                                  "chunk_count": [2, 2, 1, 1], "char_start": [0, 10, 0, 0], "char_end": [10, 20, 5, 9],
+                                  "text": ["a\nfirst", "a\nsecond\nline", "b\nonly", "json\nits own"]})
+    documents = documents_table(schema, ids=["a", "b", "json"], vectors=np.array([[0, 1], [1, 0], [1, 0]], np.float32),
+                                hashes=["h"] * 3, chunk_counts=[2, 1, 1], kept={})
+    for folder, part in (("vectors", table), ("documents", documents)):
+        (tmp_path / "out" / folder).mkdir(parents=True)
+        pq.write_table(part, tmp_path / "out" / folder / "part-s.parquet")
+    sql = readme_query().replace("out/long-documents", str(tmp_path / "out")).replace("FLOAT[384]", "FLOAT[2]")
     found = duckdb.sql(sql).fetchall()
-    assert found[0][:2] == ("b", 0)
+    # One row per document, its best chunk first, ranked by score; the passage without its title line.
+    assert [row[:4] + row[5:] for row in found] == [("b", 0, 0, 5, "only"), ("json", 0, 0, 9, "its own"),
+                                                    ("a", 1, 10, 20, "second line")]
+    assert [row[4] for row in found] == pytest.approx([1.0, 0.8, 0.6])

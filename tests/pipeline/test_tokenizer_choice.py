@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
+from teibatch.endpoint import Endpoint
 from teibatch.errors import TokenizerUnavailable
 from teibatch.job import JobSpec
-from teibatch.pipeline.chunks import COUNTER_CHARS, COUNTER_FILE, COUNTER_HASHING
+from teibatch.pipeline.chunking_setup import early_counter
+from teibatch.pipeline.chunks import COUNTER_CHARS, COUNTER_FILE, COUNTER_HASHING, COUNTER_ROUTE, TokenizeRoute
 from teibatch.pipeline.tokenizer_choice import choose_counter
+from teibatch.tei.info import ClientLimits
 
 MODEL = "acme/tiny-model"
 
@@ -89,3 +92,20 @@ def test_no_tokenizer_names_what_was_tried_and_what_to_set(empty_home: Path) -> 
     assert caught.value.exit_code == 2
     assert str(empty_home / ".cache" / "huggingface" / "hub" / "models--acme--tiny-model") in message
     assert "chunking.tokenizer" in message and "chunking.strategy: chars" in message
+
+
+def test_with_no_file_auto_ends_with_the_servers_tokenize_route_once_they_are_met() -> None:
+    limits = [ClientLimits(32, 512, 2_000_000), ClientLimits(8, 64, 1_000_000)]
+    route = TokenizeRoute.over([Endpoint("http://127.0.0.1:1", "secret"), Endpoint("http://127.0.0.1:2", "secret")],
+                               limits, prompt_name="query", timeout=5.0, max_retries=2)
+    assert route.limits == ClientLimits(8, 64, 1_000_000)
+    source = choose_counter(job(), MODEL, route)
+    assert source.kind == COUNTER_ROUTE and source.route == route and source.label == "the servers' /tokenize route"
+    assert "secret" not in repr(source) and source.release() is None  # nothing opened yet
+    assert early_counter(job()) is None  # the run waits for the servers instead of stopping
+
+
+def test_the_hashing_rule_and_a_missing_file_given_by_name(tmp_path: Path) -> None:
+    assert choose_counter(job(tokenizer="builtin-hashing"), MODEL).kind == COUNTER_HASHING
+    with pytest.raises(TokenizerUnavailable):
+        early_counter(job(tokenizer=str(tmp_path / "absent.json")))

@@ -44,8 +44,10 @@ class TokenCounter(Protocol):
     the server counts them, special tokens included.
     """
 
-    special_tokens: int
     cuts: str
+
+    @property
+    def special_tokens(self) -> int: ...  # read-only: the /tokenize counter asks its servers once
 
     def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
 

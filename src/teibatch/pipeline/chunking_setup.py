@@ -1,8 +1,9 @@
 """A chunked run's settings, fixed in the driver: the token rule, and ``max_tokens`` against the servers.
 
-The token rule is chosen before any server starts when the job says enough to choose it (a model id,
-a tokenizer path, built-in servers, ``strategy: chars``), so a missing tokenizer stops the run
-before anything is rented; else once the servers have said which model they serve.
+The token rule is chosen before any server starts when the job says enough to choose it (a
+tokenizer path, built-in servers, a model whose tokenizer.json is at hand, ``strategy: chars``), so
+a tokenizer path that cannot be read stops the run before anything is rented; else once the
+servers have said which model they serve, where ``auto`` ends with their own ``/tokenize`` route.
 ``max_tokens: auto`` becomes the servers' smallest ``max_input_length``, or ``client.max_input_length``
 when that is lower; a number above the servers' limit is refused, since the servers would cut
 every full chunk.
@@ -10,26 +11,28 @@ every full chunk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from teibatch.corpus import Chunker, ChunkingOptions
 from teibatch.errors import JobSpecError, TokenizerUnavailable
 from teibatch.job import JobSpec
-from teibatch.pipeline.chunks import ChunkPlan, CounterSource
+from teibatch.pipeline.chunks import ChunkPlan, CounterSource, TokenizeRoute
 from teibatch.pipeline.connect import Fleet
 from teibatch.pipeline.tokenizer_choice import choose_counter
+from teibatch.tei.info import ClientLimits
 
 
 def early_counter(job: JobSpec) -> CounterSource | None:
     """The job's token rule, when it can be chosen before the servers are met; ``None`` otherwise
-    (no chunking, or ``auto`` with no model id: the servers' model decides). Raises
-    :class:`TokenizerUnavailable` when the job names a model and no rule is found for it."""
+    (no chunking, or ``auto`` with no rule at hand: the servers' model and route decide). Raises
+    :class:`TokenizerUnavailable` when ``chunking.tokenizer`` names a file that cannot be read."""
     if not job.chunking.enabled:
         return None
     try:
         return choose_counter(job, job.model.id)
     except TokenizerUnavailable:
-        if job.model.id is None and job.chunking.tokenizer == "auto":
+        if job.chunking.tokenizer == "auto":
             return None
         raise
 
@@ -49,10 +52,18 @@ def resolve_max_tokens(job: JobSpec, server_limit: int) -> int:
     return int(wanted)
 
 
-def chunk_plan(job: JobSpec, fleet: Fleet, counter: CounterSource | None) -> ChunkPlan:
-    """The shard tasks' :class:`ChunkPlan` for ``job`` against ``fleet``; ``counter`` from :func:`early_counter`."""
-    source = counter or choose_counter(job, fleet.model_id)
-    return make_plan(job, source, min(server.info.max_input_length for server in fleet.servers))
+def chunk_plan(job: JobSpec, fleet: Fleet, counter: CounterSource | None, limits: Sequence[ClientLimits]) -> ChunkPlan:
+    """The shard tasks' :class:`ChunkPlan` for ``job`` against ``fleet``; ``counter`` from :func:`early_counter`,
+    ``limits`` the run's towards each of ``fleet``'s servers (for their ``/tokenize`` route)."""
+    route = TokenizeRoute.over([server.endpoint for server in fleet.servers], limits,
+                               prompt_name=job.model.prompt_name, timeout=job.client.request_timeout,
+                               max_retries=job.client.max_retries)
+    source = counter or choose_counter(job, fleet.model_id, route)
+    try:
+        return make_plan(job, source, min(server.info.max_input_length for server in fleet.servers))
+    except BaseException:
+        source.release()  # a /tokenize counter the check opened in this process
+        raise
 
 
 def make_plan(job: JobSpec, source: CounterSource, server_limit: int) -> ChunkPlan:

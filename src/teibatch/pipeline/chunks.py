@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +36,16 @@ from teibatch.corpus import (
     content_hash,
 )
 from teibatch.corpus.token_count import require_tokenizers
+from teibatch.endpoint import Endpoint
 from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
 from teibatch.tei import EmbedResult
+from teibatch.tei.info import ClientLimits
+from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
 
 COUNTER_HASHING = "builtin-hashing"
 COUNTER_FILE = "tokenizer.json"
 COUNTER_CHARS = "chars"
+COUNTER_ROUTE = "tokenize-route"
 
 # Documents cut together: one ``encode_batch`` for all of them, small enough that the first chunks
 # reach the senders at once.
@@ -55,18 +60,74 @@ TITLE_SEPARATOR = "\n"
 
 
 @dataclass(frozen=True)
+class TokenizeRoute:
+    """The servers' ``/tokenize`` as a shard task reaches it: the run's endpoints (their API key
+    travels with them, as to the senders; ``Endpoint`` keeps it out of every ``repr``), the smallest
+    of the run's client limits towards them, the job's ``prompt_name`` and its request options."""
+
+    endpoints: tuple[Endpoint, ...]
+    limits: ClientLimits
+    prompt_name: str | None
+    timeout: float
+    max_retries: int
+
+    @classmethod
+    def over(cls, endpoints: Sequence[Endpoint], limits: Sequence[ClientLimits], *, prompt_name: str | None,
+             timeout: float, max_retries: int) -> TokenizeRoute:
+        """The route over ``endpoints``, within the smallest of each one's ``limits``."""
+        smallest = ClientLimits(max_batch_size=min(limit.max_batch_size for limit in limits),
+                                max_inflight_inputs=min(limit.max_inflight_inputs for limit in limits),
+                                payload_limit=min(limit.payload_limit for limit in limits))
+        return cls(tuple(endpoints), smallest, prompt_name, timeout, max_retries)
+
+
+@dataclass(frozen=True)
 class CounterSource:
     """A token rule as a shard task receives it (``pipeline/tokenizer_choice.py`` picks it): ``kind``
-    (:data:`COUNTER_HASHING`, :data:`COUNTER_FILE`, :data:`COUNTER_CHARS`), ``label`` (what the
-    report says) and, for a file, its text (the workers of a cluster need not see the driver's files)."""
+    (:data:`COUNTER_HASHING`, :data:`COUNTER_FILE`, :data:`COUNTER_CHARS`, :data:`COUNTER_ROUTE`),
+    ``label`` (what the report says), for a file its text (the workers of a cluster need not see the
+    driver's files), for the servers' ``/tokenize`` the route."""
 
     kind: str
     label: str
     config: str | None = None
+    route: TokenizeRoute | None = None
 
     def counter(self) -> TokenCounter | None:
-        """The counter, built once per process; ``None`` for ``chars``, whose chunker counts characters."""
+        """The counter, built once per process; ``None`` for ``chars``, whose chunker counts characters.
+
+        A ``/tokenize`` counter holds connections and a thread: it stays open in this process until
+        :meth:`release` (a shard task's end)."""
+        if self.route is not None:
+            return _open_route(self.route)
         return _counter(self)
+
+    def release(self) -> TokenizeStats | None:
+        """Close this process's ``/tokenize`` counter, if one is open, and say what it sent; ``None``
+        for the other rules, which hold nothing."""
+        if self.route is None:
+            return None
+        with _routes_lock:
+            counter = _routes.pop(self.route, None)
+        if counter is None:
+            return None
+        counter.close()
+        return counter.stats
+
+
+_routes: dict[TokenizeRoute, RouteTokenCounter] = {}
+_routes_lock = threading.Lock()
+
+
+def _open_route(route: TokenizeRoute) -> RouteTokenCounter:
+    """The process's counter over ``route``, opened on first use: the threads of one shard task share it."""
+    with _routes_lock:
+        counter = _routes.get(route)
+        if counter is None:
+            counter = RouteTokenCounter(route.endpoints, route.limits, prompt_name=route.prompt_name,
+                                        timeout=route.timeout, max_retries=route.max_retries)
+            _routes[route] = counter
+        return counter
 
 
 @functools.lru_cache(maxsize=4)
@@ -118,18 +179,26 @@ class ChunkTally:
     tokens_embedded: int = 0
     document_tokens: int = 0
     histogram: Counter[str] = field(default_factory=Counter)
+    tokenize: TokenizeStats | None = None  # counted by the servers' /tokenize: what was sent there
 
     def add(self, other: ChunkTally) -> None:
         for name in ("documents", "documents_reused", "chunks", "chunks_reused", "tokens_embedded",
                      "document_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.histogram.update(other.histogram)
+        self.add_tokenize(other.tokenize)
+
+    def add_tokenize(self, stats: TokenizeStats | None) -> None:
+        """Requests sent to the servers' ``/tokenize`` (a shard task's, or the driver's own)."""
+        if stats is not None:
+            self.tokenize = stats if self.tokenize is None else self.tokenize + stats
 
     def to_json(self) -> dict[str, Any]:
         return {"documents": self.documents, "documents_reused": self.documents_reused, "chunks": self.chunks,
                 "chunks_reused": self.chunks_reused, "tokens_embedded": self.tokens_embedded,
                 "document_tokens": self.document_tokens,
-                "histogram": {label: self.histogram[label] for label in histogram_labels() if self.histogram[label]}}
+                "histogram": {label: self.histogram[label] for label in histogram_labels() if self.histogram[label]},
+                **({"tokenize": self.tokenize.to_json()} if self.tokenize is not None else {})}
 
 
 def histogram_labels() -> list[str]:

@@ -290,12 +290,14 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                     wave.go(fleet.dimension)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
-                chunking = chunk_plan(job, fleet, counter) if job.chunking.enabled else None
+                chunking = (chunk_plan(job, fleet, counter, [_limits(job, s) for s in fleet.servers])
+                            if job.chunking.enabled else None)
                 manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers],
                                  **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
                 if chunking is not None:
                     summary.chunking = ChunkTally()
+                    summary.chunking.add_tokenize(chunking.source.release())  # the plan's check, in this process
                     summary.tokenizer = chunking.source.label
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
                 if wave is not None:

@@ -87,6 +87,9 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     way to fill the servers (starting another Ray worker costs a second of CPU). Each shard keeps its
     own outcome: one that raises is returned as its exception, and the others still count.
 
+    With chunking over the servers' ``/tokenize``, the task's counter is closed at its end and what
+    it sent is counted in its first chunked outcome (a task whose every shard failed counts none).
+
     It lives here, not beside the driver's loop, so that a worker unpickling it imports only what a
     shard needs (reading, the senders, Parquet), not the driver's fleet and job-file modules.
     """
@@ -96,14 +99,21 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     if context.schema.kept or any(previous):
         warm_up_once()
     node = ray.get_runtime_context().get_node_id()
-    if len(shards) == 1:
-        outcomes: list[ShardOutcome | BaseException] = [
-            process_shard(shards[0], context, senders, previous[0], head)]
-    else:
-        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
-            futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None)
-                       for index, (shard, parts) in enumerate(zip(shards, previous, strict=True))]
-        outcomes = [future.exception() or future.result() for future in futures]
+    try:
+        if len(shards) == 1:
+            outcomes: list[ShardOutcome | BaseException] = [
+                process_shard(shards[0], context, senders, previous[0], head)]
+        else:
+            with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
+                futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None)
+                           for index, (shard, parts) in enumerate(zip(shards, previous, strict=True))]
+            outcomes = [future.exception() or future.result() for future in futures]
+    finally:
+        # The servers' /tokenize counter, when the chunker counted with it: closed with the task.
+        tokenize = context.chunking.source.release() if context.chunking is not None else None
+    counted = next((o for o in outcomes if isinstance(o, ShardOutcome) and o.chunks is not None), None)
+    if counted is not None and counted.chunks is not None:  # the task's requests, reported once
+        counted.chunks.add_tokenize(tokenize)
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
 

@@ -84,11 +84,18 @@ class RunSummary:
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
             **({"cost": self.cost} if self.cost is not None else {}),
-            **({"chunking": {**self.chunking.to_json(), "tokenizer": self.tokenizer}}
+            **({"chunking": {**self.chunking.to_json(), "tokenizer": self._tokenizer_said()}}
                if self.chunking is not None else {}),
             **({"storage_full": {"path": self.storage_full.path, "needed_bytes": self.storage_full.needed_bytes,
                                  "temporary": self.storage_full.temporary}} if self.storage_full is not None else {}),
         }
+
+    def _tokenizer_said(self) -> str | None:
+        """The token rule, with the requests it took when it was the servers' ``/tokenize``."""
+        stats = self.chunking.tokenize if self.chunking is not None else None
+        if self.tokenizer is None or stats is None:
+            return self.tokenizer
+        return f"{self.tokenizer}, {stats.requests:,} requests"
 
 
 class SummaryRecorder(SilentReporter):

@@ -1,17 +1,22 @@
 """Which token rule the chunker counts with (``chunking.tokenizer``): the servers' own, found once
 in the driver and carried to every shard task as a :class:`~teibatch.pipeline.chunks.CounterSource`.
 
-``chunking.tokenizer: PATH`` (a tokenizer.json, or a folder holding one) is used as given; with
-``strategy: chars`` no tokenizer is used. ``auto`` tries, in order, each of :data:`AUTO_SOURCES`:
+``chunking.tokenizer: PATH`` (a tokenizer.json, or a folder holding one) is used as given,
+``builtin-hashing`` is the built-in server's hashing rule (for built-in servers reached as ``static``
+under another model name); with ``strategy: chars`` no tokenizer is used. ``auto`` tries, in order,
+each of :data:`AUTO_SOURCES`:
 
 1. the built-in server's own rule, when the servers are built-in: its ``hashing`` backend counts
    with :class:`~teibatch.corpus.ApproxTokenCounter` (also for a ``teibatch/hashing-*`` model any
    provider reaches), its ``numpy`` and ``sentence-transformers`` backends with their model's
    tokenizer.json (the packaged one, ``corpus/tokenizer_files.py``);
 2. the model's tokenizer.json in the Hugging Face caches, the local servers' volume and a local
-   ``export.import_from`` folder (:func:`~teibatch.corpus.find_tokenizer_file`).
+   ``export.import_from`` folder (:func:`~teibatch.corpus.find_tokenizer_file`);
+3. the servers' own ``/tokenize`` route (:class:`~teibatch.tei.tokenize.RouteTokenCounter`, built
+   by each shard task over the run's endpoints): exact for any model, at the price of requests to
+   the servers. It needs the servers, so it is there only once they are met (``route``); before
+   (``teibatch plan``, or the driver's choice before the servers start) it is not.
 
-A source that needs the servers themselves (their ``/tokenize`` route) goes last in that tuple.
 When none gives a rule, :class:`~teibatch.errors.TokenizerUnavailable` names what was tried.
 """
 
@@ -24,7 +29,14 @@ from teibatch.corpus import find_tokenizer_file
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.errors import TokenizerUnavailable
 from teibatch.job import JobSpec
-from teibatch.pipeline.chunks import COUNTER_CHARS, COUNTER_FILE, COUNTER_HASHING, CounterSource
+from teibatch.pipeline.chunks import (
+    COUNTER_CHARS,
+    COUNTER_FILE,
+    COUNTER_HASHING,
+    COUNTER_ROUTE,
+    CounterSource,
+    TokenizeRoute,
+)
 from teibatch.pipeline.providers import BUILTIN_MODEL_PREFIX, local_engine
 
 HASHING_MODEL_PREFIX = f"{BUILTIN_MODEL_PREFIX}hashing"
@@ -33,21 +45,25 @@ BUILTIN_DEFAULT_BACKEND = "hashing"
 
 CHARS = CounterSource(COUNTER_CHARS, "characters (strategy: chars)")
 HASHING = CounterSource(COUNTER_HASHING, "builtin-hashing")
+ROUTE_LABEL = "the servers' /tokenize route"
 
-Source = Callable[[JobSpec, "str | None", list[str]], "CounterSource | None"]
+Source = Callable[[JobSpec, "str | None", list[str], "TokenizeRoute | None"], "CounterSource | None"]
 
 
-def choose_counter(job: JobSpec, model_id: str | None) -> CounterSource:
+def choose_counter(job: JobSpec, model_id: str | None, route: TokenizeRoute | None = None) -> CounterSource:
     """The token rule ``job`` chunks with, for servers serving ``model_id`` (the job's, or what the
-    servers report); :class:`TokenizerUnavailable` (exit 2) when ``auto`` finds none."""
+    servers report) and reached through ``route`` once they are met; :class:`TokenizerUnavailable`
+    (exit 2) when ``auto`` finds none (only possible without ``route``)."""
     chunking = job.chunking
     if chunking.strategy == "chars":
         return CHARS
+    if chunking.tokenizer == HASHING.label:
+        return HASHING
     if chunking.tokenizer != "auto":
         return _from_file(find_tokenizer_file(path=chunking.tokenizer))
     tried: list[str] = []
     for source in AUTO_SOURCES:
-        found = source(job, model_id, tried)
+        found = source(job, model_id, tried, route)
         if found is not None:
             return found
     raise TokenizerUnavailable(
@@ -56,7 +72,8 @@ def choose_counter(job: JobSpec, model_id: str | None) -> CounterSource:
         "or chunking.strategy: chars to count characters instead", tried=tuple(tried), key="chunking.tokenizer")
 
 
-def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str]) -> CounterSource | None:
+def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str],
+                  _: TokenizeRoute | None) -> CounterSource | None:
     """The built-in server's rule: hashing, or its real model's packaged tokenizer."""
     if model_id is not None and model_id.startswith(HASHING_MODEL_PREFIX):
         return HASHING
@@ -83,7 +100,8 @@ def server_flag(server_args: tuple[str, ...], flag: str) -> str | None:
     return None
 
 
-def _model_file(job: JobSpec, model_id: str | None, tried: list[str]) -> CounterSource | None:
+def _model_file(job: JobSpec, model_id: str | None, tried: list[str],
+                _: TokenizeRoute | None) -> CounterSource | None:
     """The model's tokenizer.json in the caches, the local servers' volume, a local export to import."""
     if not model_id:
         tried.append("no model id to look a tokenizer up by (set model.id)")
@@ -97,7 +115,16 @@ def _model_file(job: JobSpec, model_id: str | None, tried: list[str]) -> Counter
         return None
 
 
-AUTO_SOURCES: tuple[Source, ...] = (_builtin_rule, _model_file)
+def _servers_route(job: JobSpec, model_id: str | None, tried: list[str],
+                   route: TokenizeRoute | None) -> CounterSource | None:
+    """The servers' ``/tokenize``, once they are met."""
+    if route is None:
+        tried.append("the servers' /tokenize route (the servers are not met yet)")
+        return None
+    return CounterSource(COUNTER_ROUTE, ROUTE_LABEL, route=route)
+
+
+AUTO_SOURCES: tuple[Source, ...] = (_builtin_rule, _model_file, _servers_route)
 """What ``tokenizer: auto`` tries, in order (see the module docstring)."""
 
 

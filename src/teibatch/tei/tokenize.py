@@ -84,6 +84,10 @@ class TokenizeStats:
     inputs: int = 0
     retries: int = 0
 
+    def __add__(self, other: TokenizeStats) -> TokenizeStats:
+        return TokenizeStats(self.requests + other.requests, self.inputs + other.inputs,
+                             self.retries + other.retries)
+
     def to_json(self) -> dict[str, int]:
         return {"requests": self.requests, "inputs": self.inputs, "retries": self.retries}
 
