@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +131,11 @@ def embed(urls: list[str], texts: list[str], *, key: str | None = None, options:
           route: str = ROUTE_EMBED, payload_limit: int = 20_000, max_retries: int = 6,
           timeout: float = 10.0, probe_interval: float = 0.1, down_grace: float = 10.0,
           api_key_env: str | None = None, latency_factor: float | None = None,
-          limits: ClientLimits | None = None, transport: httpx.AsyncBaseTransport | None = None) -> Embedded:
+          limits: ClientLimits | None = None, transport: httpx.AsyncBaseTransport | None = None,
+          beside: Callable[[EndpointPool, httpx.AsyncClient], Awaitable[None]] | None = None) -> Embedded:
     """``embed_texts`` over fresh clients of ``urls``, limits derived from each server's ``/info``
-    (or ``limits``: then ``/info`` is not asked, as in a shard task)."""
+    (or ``limits``: then ``/info`` is not asked, as in a shard task). ``beside``: a coroutine run on the
+    same event loop meanwhile, given the pool and the HTTP client (to change the pool as a sender would)."""
 
     async def main() -> Embedded:
         async with httpx.AsyncClient(transport=transport) as http:
@@ -147,10 +149,15 @@ def embed(urls: list[str], texts: list[str], *, key: str | None = None, options:
             packer = RequestPacker(route, options or EmbedOptions(), max_batch_size=pool.max_batch_size,
                                    payload_limit=pool.payload_limit)
             started = time.monotonic()
+            side = asyncio.create_task(beside(pool, http)) if beside is not None else None
             try:
                 result = await asyncio.wait_for(
                     embed_texts(pool, packer, texts, dimension=384, max_retries=max_retries), EMBED_DEADLINE_S)
+                if side is not None:
+                    await asyncio.wait_for(side, EMBED_DEADLINE_S)
             finally:
+                if side is not None and not side.done():
+                    side.cancel()
                 await pool.close()
             return Embedded(result, pool.stats(), time.monotonic() - started)
 

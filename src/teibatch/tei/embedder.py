@@ -16,6 +16,7 @@ answer                     what happens
 422 input too long         bisected until the text stands alone; then rejected, or resent alone
                            with ``truncate: true`` and flagged when ``on_too_long: truncate``
 other 4xx                  bisected; the text alone is rejected (``request_refused``)
+server taken back (lost)    called back at once and resent on another server, not counted as a try
 5xx, 424 backend, no answer resent on another healthy server after a jittered, bounded wait;
 200 with a wrong answer    after ``max_retries`` the request is split, and a text that still
 (count, dimension, NaN...) fails alone ends as ``embed_failed`` — a *server* failure, never a
@@ -104,6 +105,7 @@ class _Flight(Flight):
 
     unit: Unit | None = None
     items: list[Item] = field(default_factory=list)
+    recalled: bool = False
 
 
 class _Run:
@@ -193,7 +195,14 @@ class _Run:
         self.pool.flights.add(flight)
         task = asyncio.get_running_loop().create_task(self._request(flight))
         self.flights[task] = flight
+        flight.recall = functools.partial(self._recall, task, flight)
         task.add_done_callback(self._finished)
+
+    def _recall(self, task: asyncio.Task[None], flight: _Flight) -> None:
+        """``flight``'s server is gone: cancel the request; its texts go back to the queue (see :meth:`_request`)."""
+        if not flight.landed and not flight.recalled:
+            flight.recalled = True
+            task.cancel()
 
     def _send_copy(self, original: _Flight, server: Server) -> None:
         """A copy of ``original`` to ``server`` (see ``tei/hedging.py``): the first of the two answers wins."""
@@ -215,7 +224,17 @@ class _Run:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
         try:
-            vectors = await server.client.embed(flight.request)
+            try:
+                vectors = await server.client.embed(flight.request)
+            except asyncio.CancelledError:
+                if not flight.recalled:
+                    raise
+                self._land(flight)
+                if not (flight.settled or flight.twin_out):  # no other request may still answer for the texts
+                    unit = flight.unit
+                    self.queue.put(Unit(items, unit.attempts if unit else 0, unit.overloads if unit else 0, None,
+                                        loop.time(), unit.truncating if unit else False), first=True)
+                return
             if vectors.shape != (len(items), self.dimension):
                 raise ServerFault(f"answered {vectors.shape[0]} vectors of dimension {vectors.shape[1]} for "
                                   f"{len(items)} inputs, expected dimension {self.dimension}",

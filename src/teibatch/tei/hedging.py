@@ -43,6 +43,8 @@ class Flight:
     request: EmbedRequest
     order: int
     copy_to: Callable[[Server], None] | None = None
+    # Calls the request back because its server is gone (EndpointPool.lose): its texts go to another server.
+    recall: Callable[[], None] | None = None
     twin: Flight | None = None
     is_copy: bool = False
     answered: bool = False

@@ -13,6 +13,11 @@ embedding, usually says 200 on ``/health`` all the same). It is put back when th
 with no server left for ``down_grace`` seconds, :meth:`EndpointPool.check_alive` raises
 :class:`~teibatch.errors.CapacityUnavailable` naming each server's last fault (the run stops; the
 same command resumes it).
+
+A server the cloud took back (:meth:`EndpointPool.lose`, told by the driver) is out for good: its
+requests in flight are called back at once and their texts sent to the other servers, without
+counting as a failed try. While a replacement is on its way (:meth:`EndpointPool.expect`, then
+:meth:`EndpointPool.add`), the pool waits for it even with no server left.
 """
 
 from __future__ import annotations
@@ -92,6 +97,7 @@ class Server:
         # here: they count against the window until that client gives them back.
         self.held = 0
         self.healthy = True
+        self.lost = False  # taken back by the cloud: never probed, never put back
         self.failures = 0
         self.last_error: TeiError | None = None
         self.payload_limit = limits.payload_limit
@@ -173,6 +179,7 @@ class EndpointPool:
         self._outrun: set[asyncio.Task[None]] = set()
         self._probes: set[asyncio.Task[None]] = set()
         self._all_down_since: float | None = None
+        self._awaited = 0   # replacements on their way (see expect)
         self._closed = False
 
     @property
@@ -343,9 +350,37 @@ class EndpointPool:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
+    def lose(self, url: str) -> bool:
+        """The cloud took the server at ``url`` back: take it out for good and call its requests in flight
+        back, so that their texts go to the other servers now (see :attr:`Flight.recall`). False when the
+        pool has no such server in rotation."""
+        server = next((s for s in self.servers if s.url == url and not s.lost), None)
+        if server is None:
+            return False
+        server.lost, server.healthy = True, False
+        for recall in [f.recall for f in self.flights if f.server is server and f.recall is not None]:
+            recall()
+        self.wake()
+        return True
+
+    def expect(self, count: int = 1) -> None:
+        """``count`` replacement servers are on their way: no server left is no reason to give up meanwhile."""
+        self._awaited += count
+
+    def unexpect(self, count: int = 1) -> None:
+        """``count`` of the replacements expected will not come."""
+        self._awaited = max(0, self._awaited - count)
+
+    def add(self, server: Server) -> None:
+        """A new server (an expected replacement) joins the rotation."""
+        self.servers.append(server)
+        self.unexpect()
+        self.wake()
+
     def check_alive(self) -> None:
-        """Raise :class:`CapacityUnavailable` once no server has been healthy for ``down_grace`` s."""
-        if any(s.healthy for s in self.servers):
+        """Raise :class:`CapacityUnavailable` once no server has been healthy for ``down_grace`` s
+        (and no replacement is expected)."""
+        if self._awaited or any(s.healthy for s in self.servers):
             self._all_down_since = None
             return
         now = time.monotonic()
@@ -360,6 +395,8 @@ class EndpointPool:
     async def _probe(self, server: Server) -> None:
         while not self._closed:
             await asyncio.sleep(self.probe_interval)
+            if server.lost:
+                return
             if await self._passes_probe(server):
                 server.healthy = True
                 server.failures = 0
@@ -398,4 +435,6 @@ class EndpointPool:
 
 
 def _fault(server: Server) -> str:
+    if server.lost:
+        return "taken back by the cloud"
     return str(server.last_error).removeprefix(f"{server.url}: ") if server.last_error else "no answer"
