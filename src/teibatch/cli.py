@@ -106,6 +106,10 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
                    + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
                    + f"; {report['timings'].get('total_s', 0):.1f}s"
                    + (f", {report['throughput_docs_per_s']:,.0f} docs/s" if report["throughput_docs_per_s"] else ""))
+        if lost := report.get("replacements"):
+            replaced = sum(1 for entry in lost if entry["status"] == "replaced")
+            click.echo(f"servers: {len(lost)} taken back by the cloud mid-run, {replaced} replaced "
+                       "(see the report's replacements)")
         click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
     if fail_on_rejects and docs["rejected"]:
         raise RejectsFound(f"{docs['rejected']} documents were rejected (see {job.output.path}/rejects)")

@@ -124,7 +124,7 @@ def render_page(report: dict[str, Any], examples: dict[str, list[tuple[str, str]
     run_id = str(report.get("run_id", "unknown run"))
     sections = [_headline(report, output), _missing(report), _progress(report), _servers(report),
                 _latency(report), _rejects(report, examples or {}, unread_parts), _timeline(report),
-                _errors(report), _cost(report), _details(report)]
+                _errors(report), _replacements(report), _cost(report), _details(report)]
     version = report.get("teibatch_version", "an unknown version")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
@@ -292,12 +292,28 @@ def _cost(report: dict[str, Any]) -> str:
         return ""  # only reports of runs that rent servers carry a cost
     cost = _d(report["cost"])
     rows = [[escape(i.get("name")), escape(i.get("gpu") or "–"), f"${_fmt(i.get('price_per_hour'))}/h",
-             f"{_fmt(i.get('seconds'))} s", f"{_fmt(i.get('billed_seconds'))} s", f"${_fmt(i.get('cost'))}"]
+             f"{_fmt(i.get('seconds'))} s", f"{_fmt(i.get('billed_seconds'))} s", f"${_fmt(i.get('cost'))}",
+             "<span class=\"bad\">taken back by the cloud</span>" if i.get("lost") else "given back"]
             for i in map(_d, _l(cost.get("instances")))]
     total = f"<p><strong>Total: ${_fmt(cost.get('total'))} {escape(cost.get('currency', ''))}</strong></p>"
     source = f"<p class=\"note\">{escape(cost['source'])}</p>" if cost.get("source") else ""
-    listing = table(["instance", "GPU", "price", "rented", "billed", "cost"], rows)
+    listing = table(["instance", "GPU", "price", "rented", "billed", "cost", "ended"], rows)
     return f"<section id=\"cost\"><h2>Cost</h2>{total}{listing}{source}</section>"
+
+
+def _replacements(report: dict[str, Any]) -> str:
+    """Servers the cloud took back mid-run, and what replaced them."""
+    lost = list(map(_d, _l(report.get("replacements"))))
+    if not lost:
+        return ""
+    rows = [[escape(e.get("instance")), escape(e.get("reason")), escape(e.get("status")),
+             escape(e.get("replacement_url") or e.get("why") or "–"),
+             f"{_fmt(e['seconds_to_replace'])} s" if e.get("seconds_to_replace") is not None else "–"]
+            for e in lost]
+    replaced = sum(1 for e in lost if e.get("status") == "replaced")
+    return (f"<section id=\"replacements\"><h2>Servers taken back</h2><p>{len(lost)} server(s) taken back by the "
+            f"cloud mid-run, {replaced} replaced; their requests went to the other servers.</p>"
+            f"{table(['instance', 'why', 'status', 'replacement', 'after'], rows)}</section>")
 
 
 def _details(report: dict[str, Any]) -> str:

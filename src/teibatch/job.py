@@ -121,7 +121,8 @@ class ServersSection(_Section):
     capacity: Literal["on-demand", "spot", "any"] = "on-demand"   # any: spot first, else on-demand
     min_reliability: float | None = Field(None, ge=0, le=1)       # vast: the machines' reliability score
     regions: tuple[str, ...] = ()                   # lambda regions / runpod data centers, in order of preference
-    max_replacements: int = Field(2, ge=0, le=20)   # instances never healthy, replaced at most this often in all
+    # instances never healthy, or taken back mid-run, replaced at most this often in all; None: servers.count
+    max_replacements: int | None = Field(None, ge=0, le=64)
     ssh_key_name: str | None = None                 # lambda: the SSH key registered with Lambda Cloud
     key_file: str | None = None                     # lambda: its private key file (OpenSSH reads it)
     ssh_user: str = "ubuntu"                        # lambda

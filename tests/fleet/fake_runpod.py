@@ -31,7 +31,7 @@ the fake runs ``timeout <deadline> python -m teibatch serve --api-key $API_KEY <
 port and maps container port 80 to it. Faults: ``no_capacity`` (GPU type ids), ``no_spot`` (GPU type ids
 with no spot pod to rent), ``spot_now`` (GPU type id → the spot price a create is charged, as when it
 rose since the query), ``stuck`` (that many pods never start), ``slow_creates``/``create_delay_s``
-(made, answered late).
+(made, answered late); :meth:`FakeRunPod.preempt` interrupts a spot pod.
 """
 
 from __future__ import annotations
@@ -106,6 +106,18 @@ class FakeRunPod(ContainerFake):
                                  "uninterruptablePrice": g["communityPrice"], "stockStatus": g["stock"]}}
                 for g in GPU_TYPES]
         return 200, {"data": {"gpuTypes": gpus}}
+
+    def preempt(self, pod_id: str) -> None:
+        """A spot pod interrupted: RunPod stops it (``desiredStatus`` ``EXITED``) and its container with it."""
+        with self.lock:
+            self.pods[pod_id]["desiredStatus"] = "EXITED"
+        self.kill(pod_id)
+
+    def serving(self) -> list[str]:
+        """Pods running their container now, oldest first."""
+        with self.lock:
+            return [i for i, pod in self.pods.items() if pod["desiredStatus"] == "RUNNING"
+                    and self.processes.get(i) is not None and self.processes[i].poll() is None]
 
     def _create(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         known = {"name", "imageName", "gpuTypeIds", "gpuCount", "cloudType", "containerDiskInGb", "volumeInGb",

@@ -25,7 +25,8 @@ The container is the TEI image's command line run for real: ``runtype: args``, `
 ``timeout <deadline> python -m teibatch serve --api-key $API_KEY <router args>`` on a free port and
 maps container port 80 to it. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
 loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
-``destroy_errors`` (that many 502/503 answers), ``gone_status``.
+``destroy_errors`` (that many 502/503 answers), ``gone_status``; :meth:`FakeVast.preempt` stops an
+instance as Vast does an outbid interruptible one.
 """
 
 from __future__ import annotations
@@ -92,6 +93,21 @@ class FakeVast(ContainerFake):
         with self.lock:
             live = sum(1 for i in self.instances.values() if i["cur_state"] != "unloaded")
             return live + self.running()
+
+    def preempt(self, instance_id: int) -> None:
+        """An interruptible instance outbid (or a machine gone offline): Vast stops it, and its container with it.
+        The contract stays until destroyed: ``actual_status`` ``exited``, ``intended_status`` ``stopped``."""
+        with self.lock:
+            self.instances[instance_id].update(actual_status="exited", intended_status="stopped",
+                                               status_msg="outbid: the instance was stopped")
+        self.kill(instance_id)
+
+    def serving(self) -> list[int]:
+        """Instances running their container now, oldest first."""
+        with self.lock:
+            return [i for i, row in self.instances.items() if row["actual_status"] == "running"
+                    and row["cur_state"] != "unloaded" and self.processes.get(i) is not None
+                    and self.processes[i].poll() is None]
 
     def _search(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         kind = body["type"]

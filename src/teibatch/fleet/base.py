@@ -37,6 +37,7 @@ class InstanceState(str, Enum):
     HEALTHY = "healthy"      # answering /health through its endpoint
     FAILED = "failed"        # never became healthy (or refused); still to be removed
     REMOVED = "removed"      # container gone; the host (and its volume) kept
+    LOST = "lost"            # taken back by the cloud mid-run (a spot instance preempted, an instance stopped)
     DESTROYED = "destroyed"  # container gone and every configured destroy step done
     UNKNOWN = "unknown"      # could not be found out (host unreachable): treat as still running
 
@@ -53,6 +54,7 @@ class Capability(str, Enum):
     EXPORT = "export"    # has volumes to copy off: ExportsVolumes
     DESTROY = "destroy"  # has data or hosts to destroy after export: DestroysHosts
     SWEEP = "sweep"      # instances are found again from the ledger by `teibatch fleet sweep`
+    REPLACE = "replace"  # servers the cloud takes back mid-run are found and replaced: ReplacesLost
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,39 @@ class DestroysHosts(ABC):
         """
 
 
+@dataclass(frozen=True)
+class LostServer:
+    """A server the cloud took back mid-run: its instance name, the URL it served on, and why (the cloud's word)."""
+
+    name: str
+    url: str
+    reason: str
+
+
+class ReplacesLost(ABC):
+    """Capability REPLACE: the cloud may take servers back mid-run (spot capacity); they are found and replaced.
+
+    Both methods are called from a thread other than the one that calls ``up`` and ``down``; ``down``
+    stops a ``replace`` under way (it returns what it has) before it terminates anything.
+    """
+
+    def watch_interval(self) -> float:
+        """Seconds between two calls of :meth:`lost`."""
+        return 10.0
+
+    @abstractmethod
+    def lost(self) -> list[LostServer]:
+        """The servers returned by ``up`` or ``replace`` that the cloud has taken back since the last call
+        (each recorded in the ledger as lost, once); raises :class:`~teibatch.errors.FleetError` when the
+        cloud could not be asked (ask again later)."""
+
+    @abstractmethod
+    def replace(self, lost: list[LostServer]) -> list[Endpoint]:
+        """Give back the ``lost`` instances, and rent as many new servers, within the provider's replacement
+        budget; return once each returned endpoint answers ``/health`` (fewer, or none, when the budget or
+        the capacity ran out: the reasons are logged)."""
+
+
 def supports(provider: Provider, capability: Capability) -> bool:
     """Whether ``provider`` has ``capability`` (and the methods that go with it)."""
     if capability not in provider.capabilities:
@@ -143,6 +178,8 @@ def supports(provider: Provider, capability: Capability) -> bool:
         return isinstance(provider, ExportsVolumes)
     if capability is Capability.DESTROY:
         return isinstance(provider, DestroysHosts)
+    if capability is Capability.REPLACE:
+        return isinstance(provider, ReplacesLost)
     return True
 
 

@@ -10,14 +10,20 @@ order, and the create call for one offer; this module does the rest, the same wa
   text-embeddings-router …``) with a per-run random ``--api-key`` (the ``API_KEY`` variable TEI
   reads: the port is public); the key is never logged nor written;
 * an instance not ready and healthy within ``startup_timeout`` is terminated and replaced, at most
-  ``max_replacements`` times in all;
-* ``down`` terminates every instance of the run, also those found only by name.
+  ``max_replacements`` times in all (default: ``count``);
+* an instance the cloud takes back mid-run (a spot instance preempted, an instance stopped) is
+  found by :meth:`~ContainerCloudProvider.lost` and recorded in the ledger as lost, which ends its
+  rented time; :meth:`~ContainerCloudProvider.replace` terminates it and rents another from the
+  offers of now, within the same ``max_replacements``;
+* ``down`` terminates every instance of the run, also those found only by name; a replacement being
+  rented stops first.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from abc import abstractmethod
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -25,7 +31,17 @@ from typing import Any, TypeVar
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet.base import Capability, Instance, InstanceState, LaunchSpec, Provider, wait_healthy
+from teibatch.fleet import rental as rental_module
+from teibatch.fleet.base import (
+    Capability,
+    Instance,
+    InstanceState,
+    LaunchSpec,
+    LostServer,
+    Provider,
+    ReplacesLost,
+    wait_healthy,
+)
 from teibatch.fleet.catalog import image_table
 from teibatch.fleet.hosted import DEADLINE_MARGIN_S, DEFAULT_STARTUP_TIMEOUT_S, UNBOUNDED_RUNTIME_S
 from teibatch.fleet.images import CONTAINER_PORT, KILL_AFTER_S, ImageChoice, choose_image
@@ -35,8 +51,6 @@ from teibatch.fleet.rental import CloudApi, CloudState, Rental, Rented
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REPLACEMENTS = 2
-
 P = TypeVar("P", bound="ContainerCloudProvider")
 
 
@@ -45,10 +59,11 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
 
 
-class ContainerCloudProvider(Provider):
+class ContainerCloudProvider(Provider, ReplacesLost):
     """``count`` containers rented from one container cloud, each the TEI image for its card.
 
-    The containers are the servers and hold nothing to export, so ``down`` terminates them.
+    The containers are the servers and hold nothing to export, so ``down`` terminates them. Those the
+    cloud takes back mid-run are replaced (:class:`~teibatch.fleet.base.ReplacesLost`).
     Subclasses give :meth:`create` (one instance from one offer) and, where the cloud needs it,
     :meth:`usable_offers` (the order offers are tried in) and :meth:`ledger_config`.
     """
@@ -56,11 +71,11 @@ class ContainerCloudProvider(Provider):
     name: str
     noun = "instance"           # what the cloud calls an instance, for messages
     console = "the cloud's console"
-    capabilities = frozenset({Capability.LAUNCH, Capability.SWEEP})
+    capabilities = frozenset({Capability.LAUNCH, Capability.SWEEP, Capability.REPLACE})
 
     def __init__(self, api: CloudApi, *, count: int, want: GpuWant, model_id: str | None, image: str | None = None,
                  server_args: tuple[str, ...] | list[str] = (), startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
-                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS, payload_limit: int | None = None,
+                 max_replacements: int | None = None, payload_limit: int | None = None,
                  ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S,
                  capacity: str | None = None) -> None:
         self.api = api
@@ -71,7 +86,7 @@ class ContainerCloudProvider(Provider):
         self.image = image
         self.server_args = tuple(server_args)
         self.startup_timeout = startup_timeout
-        self.max_replacements = max_replacements
+        self.max_replacements = count if max_replacements is None else max_replacements
         self.payload_limit = payload_limit
         self.ledger = ledger or Ledger()
         self.deadline_margin = deadline_margin
@@ -79,6 +94,10 @@ class ContainerCloudProvider(Provider):
         self.run_id: str | None = None
         self._rental: Rental | None = None
         self._urls: dict[str, str] = {}
+        self._lost_replaced = 0
+        self._deadline_s = 0
+        # Held by lost() and replace() (another thread) and by down(), which never terminates mid-rent.
+        self._renting = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(count={self.count}, run_id={self.run_id!r})"
@@ -126,13 +145,10 @@ class ContainerCloudProvider(Provider):
         self.run_id = spec.run_id
         self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=None,
                           config=self.ledger_config())
-        self._rental = rental = Rental(self.api, self.ledger, spec.run_id)
-        offers = self.usable_offers()
-        deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout + self.deadline_margin)
-        reasons = rental.fill(self.count, offers, lambda n, o: self.create(n, o, deadline_s),
-                              lambda item: self._serve(item, item.started + self.startup_timeout),
-                              startup_timeout=self.startup_timeout, max_replacements=self.max_replacements,
-                              noun=self.noun)
+        self._rental = Rental(self.api, self.ledger, spec.run_id)
+        self._deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout
+                               + self.deadline_margin)
+        reasons = self._fill(self.count, self.max_replacements)
         endpoints = self._endpoints()
         if not endpoints:
             raise CapacityUnavailable(f"{self.name}: no server became healthy: {'; '.join(reasons)}")
@@ -140,6 +156,67 @@ class ContainerCloudProvider(Provider):
             log.warning("%s: going on with %d of %d servers: %s", self.name, len(endpoints), self.count,
                         "; ".join(reasons))
         return endpoints
+
+    def _fill(self, count: int, max_replacements: int) -> list[str]:
+        """Rent until ``count`` more instances serve (see :meth:`Rental.fill`); why fewer did."""
+        assert self._rental is not None
+        return self._rental.fill(count, self.usable_offers(), lambda n, o: self.create(n, o, self._deadline_s),
+                                 lambda item: self._serve(item, item.started + self.startup_timeout),
+                                 startup_timeout=self.startup_timeout, max_replacements=max_replacements,
+                                 noun=self.noun)
+
+    @property
+    def replacements_left(self) -> int:
+        """What is left of ``max_replacements``: instances that never served and lost ones replaced use it."""
+        used = (self._rental.never_served if self._rental is not None else 0) + self._lost_replaced
+        return max(0, self.max_replacements - used)
+
+    def watch_interval(self) -> float:
+        return rental_module.WATCH_S
+
+    def lost(self) -> list[LostServer]:
+        with self._renting:
+            rental = self._rental
+            if rental is None or rental.closing.is_set() or not self._urls:
+                return []
+            found = []
+            for item, reason in rental.taken_back(list(self._urls)):
+                url = self._urls.pop(item.name)
+                rental.note(item.name, InstanceState.LOST, error=f"taken back by {self.name}: {reason}")
+                log.warning("%s: %s %s (%s) was taken back by the cloud: %s", self.name, self.noun, item.name, url,
+                            reason)
+                found.append(LostServer(item.name, url, reason))
+            return found
+
+    def replace(self, lost: list[LostServer]) -> list[Endpoint]:
+        with self._renting:
+            rental = self._rental
+            if rental is None or rental.closing.is_set():
+                return []
+            for server in lost:  # a stopped instance may still bill its disk: give it back first
+                item = rental.rented[server.name]
+                try:
+                    rental.terminate(item)
+                except FleetError as exc:  # down() and fleet sweep try again
+                    rental.note(item.name, InstanceState.UNKNOWN, error=f"terminate after loss: {exc}")
+                    continue
+                rental.note(item.name, InstanceState.DESTROYED)
+            wanted = min(len(lost), self.replacements_left)
+            if wanted < len(lost):
+                log.warning("%s: servers.max_replacements (%d) used up: %d lost %s(s) not replaced", self.name,
+                            self.max_replacements, len(lost) - wanted, self.noun)
+            if wanted == 0:
+                return []
+            before = set(self._urls)
+            try:
+                reasons = self._fill(wanted, self.replacements_left - wanted)
+            except FleetError as exc:
+                reasons = [str(exc)]
+            new = [name for name in self._urls if name not in before]
+            self._lost_replaced += len(new)
+            if len(new) < wanted:
+                log.warning("%s: %d of %d replacement(s) serve: %s", self.name, len(new), wanted, "; ".join(reasons))
+            return [Endpoint(self._urls[name], self.api_key, self.payload_limit) for name in new]
 
     def _serve(self, item: Rented, deadline: float) -> bool:
         """Wait for TEI's ``/health`` on a ready instance; give the instance back when it does not serve."""
@@ -149,11 +226,13 @@ class ContainerCloudProvider(Provider):
             host = f"{seen.address}:{seen.ports[CONTAINER_PORT]}"
             url = f"http://{host}"
             self._rental.note(item.name, InstanceState.RUNNING, host=host)
-            if wait_healthy(url, deadline):
+            closing = self._rental.closing
+            if wait_healthy(url, deadline, alive=lambda: not closing.is_set()):
                 self._urls[item.name] = url
                 self._rental.note(item.name, InstanceState.HEALTHY)
                 return True
-            item.error = (f"TEI did not answer /health on {url} within servers.startup_timeout "
+            item.error = ("the run ended before it served" if closing.is_set() else
+                          f"TEI did not answer /health on {url} within servers.startup_timeout "
                           f"({self.startup_timeout:.0f}s)")
         else:
             status = seen.status if seen else "unknown"
@@ -173,8 +252,10 @@ class ContainerCloudProvider(Provider):
         """Terminate every instance of the run (also those found only by name); bounded, idempotent."""
         if self._rental is None:
             return
-        self._urls.clear()
-        problems = self._rental.terminate_all()
+        self._rental.closing.set()  # a replacement being rented stops waiting; then nothing more is rented
+        with self._renting:
+            self._urls.clear()
+            problems = self._rental.terminate_all()
         try:
             self.ledger.release(self._rental.run_id)
         except FleetError as exc:

@@ -2,7 +2,8 @@
 
 Each instance's ledger entry holds the price per hour the cloud quoted when it was rented and the
 time of every step; the rented time runs from its ``requested`` step (the create call) to its
-``destroyed`` step — or to now for one not destroyed yet — rounded up by the cloud's billing rule.
+``destroyed`` step, or to its ``lost`` step when the cloud took it back mid-run (or to now for one not
+destroyed yet), rounded up by the cloud's billing rule.
 It is what the cloud will charge, as far as the client can tell: the invoice is the truth.
 """
 
@@ -22,6 +23,7 @@ class InstanceCost:
     price_per_hour: float
     seconds: float
     billed_seconds: int
+    lost: bool = False
 
     @property
     def cost(self) -> float:
@@ -39,7 +41,7 @@ def run_cost(record: dict[str, Any], billing: BillingRule) -> dict[str, Any] | N
             "billing": {"increment_s": billing.increment_s, "minimum_s": billing.minimum_s, "source": billing.source},
             "instances": [{"name": i.name, "gpu": i.gpu, "price_per_hour": i.price_per_hour,
                            "seconds": round(i.seconds, 1), "billed_seconds": i.billed_seconds,
-                           "cost": round(i.cost, 4)} for i in instances],
+                           "cost": round(i.cost, 4), **({"lost": True} if i.lost else {})} for i in instances],
             "source": "the ledger: the price quoted at rent time, from the create call to the destroy call"}
 
 
@@ -49,7 +51,9 @@ def _instance_cost(name: str, entry: dict[str, Any], billing: BillingRule) -> In
     started = next((s["at"] for s in steps if s.get("state") == "requested"), None)
     if price is None or started is None:
         return None
-    ended = next((s["at"] for s in steps if s.get("state") == "destroyed"), None)
+    # A lost instance (taken back by the cloud) stopped costing when the run saw it go, not when it was terminated.
+    ended = next((s["at"] for s in steps if s.get("state") in ("lost", "destroyed")), None)
     end = datetime.fromisoformat(ended) if ended else datetime.now(UTC)
     seconds = max(0.0, (end - datetime.fromisoformat(started)).total_seconds())
-    return InstanceCost(name, entry.get("gpu"), float(price), seconds, billing.billed_seconds(seconds))
+    lost = any(s.get("state") == "lost" for s in steps)
+    return InstanceCost(name, entry.get("gpu"), float(price), seconds, billing.billed_seconds(seconds), lost)

@@ -47,7 +47,6 @@ DEFAULT_API_URL = "https://cloud.lambdalabs.com/api/v1"
 API_URL_ENV = "TEIBATCH_LAMBDA_API_URL"
 API_KEY_ENV = "LAMBDA_API_KEY"
 API_KEY_FILE = Path("~/.lambda_cloud/lambda_keys")
-DEFAULT_MAX_REPLACEMENTS = 2
 SSH_RETRY_S = 2.0
 _CAPACITY_CODES = ("insufficient-capacity", "quota-exceeded")
 _STATES = {"booting": CloudState.PENDING, "active": CloudState.READY, "unhealthy": CloudState.FAILED,
@@ -142,12 +141,12 @@ class LambdaProvider(ContainerProvider):
     """``count`` single-GPU VMs from Lambda Cloud, each serving TEI like an ``ssh`` host.
 
     A VM that is not active, not reachable or not healthy within ``startup_timeout`` is terminated and
-    replaced, at most ``max_replacements`` times in all; then the run goes on with fewer servers, or
-    stops with :class:`CapacityUnavailable` naming why when none is healthy.
+    replaced, at most ``max_replacements`` times in all (default: ``count``); then the run goes on with
+    fewer servers, or stops with :class:`CapacityUnavailable` naming why when none is healthy.
     """
 
     def __init__(self, api: LambdaApi, *, count: int, want: GpuWant, ssh_key_name: str, login: SshLogin,
-                 max_replacements: int = DEFAULT_MAX_REPLACEMENTS, ledger: Ledger | None = None,
+                 max_replacements: int | None = None, ledger: Ledger | None = None,
                  **options: Any) -> None:
         super().__init__([], name="lambda", gpu=True, ledger=ledger, **options)
         self.api = api
@@ -155,7 +154,7 @@ class LambdaProvider(ContainerProvider):
         self.want = want
         self.ssh_key_name = ssh_key_name
         self.login = login
-        self.max_replacements = max_replacements
+        self.max_replacements = count if max_replacements is None else max_replacements
         self._rental: Rental | None = None
 
     def __repr__(self) -> str:

@@ -9,7 +9,10 @@ What providers ``lambda``, ``runpod`` and ``vast`` share. Every instance is name
   create call never answered, for teardown and ``teibatch fleet sweep``;
 * an offer that has no capacity (or is gone) moves on to the next offer;
 * every wait has a deadline; a terminate that finds nothing counts as done, one answered with a
-  429/5xx is sent again until its deadline.
+  429/5xx is sent again until its deadline;
+* an instance that served and that the cloud then stops, or no longer lists, was taken back
+  (:meth:`Rental.taken_back`: a spot instance preempted); renting more later goes on with the
+  next name, and :attr:`Rental.closing` ends any wait at once (the run is tearing down).
 
 The cloud-specific part is a :class:`CloudApi`: a small client over the cloud's own API.
 """
@@ -17,6 +20,7 @@ The cloud-specific part is a :class:`CloudApi`: a small client over the cloud's 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -34,6 +38,7 @@ from teibatch.fleet.offers import Offer
 log = logging.getLogger(__name__)
 
 POLL_S = 2.0
+WATCH_S = 10.0   # how often a run asks the cloud whether it took any serving instance back
 TERMINATE_TIMEOUT_S = 120.0
 NAME_PREFIX = "teibatch-"
 
@@ -110,6 +115,9 @@ class Rental:
         self.run_id = run_id
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.rented: dict[str, Rented] = {}
+        self.never_served = 0                 # instances given back because they never served, in all
+        self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
+        self._next = 0                        # the number in the next instance's name
 
     @property
     def prefix(self) -> str:
@@ -160,14 +168,15 @@ class Rental:
         """Rent until ``count`` instances serve: each batch is created, waited for, then ``serve``d.
 
         An instance that never serves (``serve`` gave it back) is replaced, at most ``max_replacements``
-        times in all; no capacity on any offer stops renting. Returns why fewer than ``count`` serve.
+        times in this call; no capacity on any offer stops renting, and so does :attr:`closing`. Names
+        go on from the last instance rented (``teibatch-<run id>-<n>``). Returns why fewer than ``count`` serve.
         """
-        healthy, failures, index, reasons = 0, 0, 0, list[str]()
-        while healthy < count:
+        healthy, failures, reasons = 0, 0, list[str]()
+        while healthy < count and not self.closing.is_set():
             batch = []
             for _ in range(count - healthy):
-                name = container_name(self.run_id, index)
-                index += 1
+                name = container_name(self.run_id, self._next)
+                self._next += 1
                 item = self.rent(name, offers, create)
                 if item is None:
                     reasons.append(f"no capacity: {self.rented[name].error}")
@@ -182,6 +191,7 @@ class Rental:
                     healthy += 1
                 else:
                     failures += 1
+                    self.never_served += 1
                     reasons.append(f"{item.name}: {item.error}")
             if healthy < count and failures > max_replacements:
                 reasons.append(f"{failures} {noun}(s) never became healthy (servers.max_replacements: "
@@ -211,7 +221,7 @@ class Rental:
                 state = item.seen.state if item.seen else CloudState.GONE
                 if state in (CloudState.READY, CloudState.FAILED, CloudState.GONE):
                     waiting.remove(item)
-            if not waiting or time.monotonic() >= deadline:
+            if not waiting or time.monotonic() >= deadline or self.closing.is_set():
                 return
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
@@ -247,6 +257,22 @@ class Rental:
                                          f"{timeout:.0f}s after terminate; `teibatch fleet sweep` retries")
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
+    def taken_back(self, names: list[str]) -> list[tuple[Rented, str]]:
+        """Which of the serving instances ``names`` the cloud took back, and its word for it: those it
+        stopped (or that broke), and those it no longer knows. One listing of the run's instances, and a
+        look-up of each one the listing leaves out; raises :class:`FleetError` when the cloud cannot be asked."""
+        listed = {found.name: found for found in self.api.list(self.prefix)}
+        taken = []
+        for name in names:
+            item = self.rented[name]
+            seen = listed.get(name)
+            if seen is None and item.id is not None:
+                seen = self.api.get(item.id)
+            if seen is None or seen.state in (CloudState.GONE, CloudState.FAILED):
+                item.seen = seen
+                taken.append((item, (seen.status or seen.state.value) if seen is not None else "no longer listed"))
+        return taken
+
     def leftovers(self) -> list[CloudInstance]:
         """Every live instance of this run in the cloud, found by name (also those no call ever answered for)."""
         return [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
@@ -262,6 +288,8 @@ class Rental:
         except FleetError as exc:
             problems.append(f"could not list the run's instances: {exc}")
         for item in self.rented.values():
+            if item.terminated:  # given back earlier in the run, and recorded then
+                continue
             try:
                 self.terminate(item, timeout=timeout)
             except FleetError as exc:

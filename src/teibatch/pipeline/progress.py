@@ -142,7 +142,8 @@ class ReportCapture(SilentReporter):
 
 
 # Events that tell of something going wrong (the JSON lines mark them as warnings).
-WARNING_EVENTS = frozenset({"server_fault", "shard_failed", "shard_not_committed", "lock_taken_over"})
+WARNING_EVENTS = frozenset({"server_fault", "shard_failed", "shard_not_committed", "lock_taken_over", "server_lost",
+                            "server_not_replaced"})
 
 
 class Eta:

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import ray
@@ -40,6 +41,7 @@ from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
+from teibatch.pipeline.replacements import ServerWatch, meet_replacements
 from teibatch.pipeline.same_output import open_manifest
 from teibatch.pipeline.senders import (
     SenderPlan,
@@ -312,8 +314,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 # servers and sending the first texts).
                 summary.timings["warm_up_s"] = met - warming + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
-                _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter, job,
-                          interrupts, one_machine)
+                with _server_watch(job, provider, fleet, options, senders, reporter, summary):
+                    _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter,
+                              job, interrupts, one_machine)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
                 if wave is not None:
@@ -322,6 +325,21 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
+
+
+def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,
+                  senders: Sequence[SenderRef], reporter: Reporter,
+                  summary: RunSummary) -> AbstractContextManager[object]:
+    """For a provider whose servers the cloud may take back mid-run: the watch that replaces them."""
+    if not supports(provider, Capability.REPLACE):
+        return nullcontext()
+
+    def meet_one(endpoints: list[Endpoint]) -> Fleet:
+        return connect(endpoints, options, requested_route=fleet.route, expected_model=job.model.id,
+                       api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
+
+    meet = meet_replacements(meet_one, lambda server: _limits(job, server), fleet.model_id, fleet.dimension)
+    return ServerWatch(provider, senders, meet, reporter, summary)
 
 
 def _server_plans(job: JobSpec, servers: ServersMet) -> list[ServerPlan]:

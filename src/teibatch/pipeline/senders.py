@@ -44,7 +44,7 @@ import math
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -249,10 +249,7 @@ class SenderCore:
     def _start(self) -> tuple[EndpointPool, RequestPacker, OldestFirst]:
         if self._pool is None or self._packer is None or self._admission is None:
             plan = self.plan
-            servers = [Server(TeiClient(p.endpoint, self.clients.get(p.endpoint.url), timeout=plan.request_timeout,
-                                        model=plan.model_id, api_key_env=plan.api_key_env,
-                                        expected_dimension=self.dimension, normalized=plan.embed.normalize), p.limits)
-                       for p in plan.servers]
+            servers = [self._server_for(p) for p in plan.servers]
             self._pool = EndpointPool(servers)
             if self.takes_holds:
                 for server, held in zip(servers, plan.held, strict=False):
@@ -319,6 +316,37 @@ class SenderCore:
         pool, server = self._server(url)
         if server is not None:
             pool.release_held(server, inputs)
+
+    def lose(self, url: str, replacement_coming: bool) -> bool:
+        """The cloud took the server at ``url`` back (see :meth:`EndpointPool.lose`); with
+        ``replacement_coming``, the pool waits for :meth:`add` rather than give up with no server left."""
+        pool, _, _ = self._start()
+        if replacement_coming:
+            pool.expect()
+        lost = pool.lose(url)
+        if lost:  # the driver says so itself: news() stays quiet about it
+            server = next(s for s in pool.servers if s.url == url)
+            self._reported[url] = (sum(server.stats.errors.values()), server.stats.marked_down)
+        return lost
+
+    async def add(self, server: ServerPlan) -> None:
+        """A replacement server joins this sender's pool; its connections are opened first."""
+        pool, _, _ = self._start()
+        await self.clients.open([server.endpoint], min(server.limits.max_requests, CONNECTIONS_AHEAD),
+                                self.plan.api_key_env)
+        pool.add(self._server_for(server))
+        self.plan = replace(self.plan, servers=(*self.plan.servers, server), held=())
+
+    def not_coming(self) -> None:
+        """A replacement announced by :meth:`lose` will not come."""
+        pool, _, _ = self._start()
+        pool.unexpect()
+
+    def _server_for(self, server: ServerPlan) -> Server:
+        plan = self.plan
+        return Server(TeiClient(server.endpoint, self.clients.get(server.endpoint.url), timeout=plan.request_timeout,
+                                model=plan.model_id, api_key_env=plan.api_key_env,
+                                expected_dimension=self.dimension, normalized=plan.embed.normalize), server.limits)
 
     def _server(self, url: str) -> tuple[EndpointPool, Server | None]:
         pool, _, _ = self._start()
@@ -467,6 +495,18 @@ class SenderActor:
             self.core.probed(plan.dimension)
             self._probed.set()
         return self.core
+
+    async def lose(self, url: str, replacement_coming: bool, plan: SenderPlan) -> bool:
+        """The cloud took the server at ``url`` back (:meth:`SenderCore.lose`)."""
+        return self._core(plan).lose(url, replacement_coming)
+
+    async def add(self, server: ServerPlan, plan: SenderPlan) -> None:
+        """A replacement server joins this sender (:meth:`SenderCore.add`)."""
+        await self._core(plan).add(server)
+
+    async def not_coming(self, plan: SenderPlan) -> None:
+        """A replacement announced with :meth:`lose` will not come."""
+        self._core(plan).not_coming()
 
     async def stats(self) -> dict[str, dict[str, object]]:
         return self.core.stats() if self.core is not None else {}

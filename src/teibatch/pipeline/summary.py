@@ -45,6 +45,7 @@ class RunSummary:
     storage_full: StorageFull | None = None  # what stopped the run: no room left where it writes
     chunking: ChunkTally | None = None  # a chunked run: documents, chunks, tokens, chunk lengths
     tokenizer: str | None = None  # a chunked run: the token rule it counted with
+    replacements: list[dict[str, Any]] = field(default_factory=list)  # servers the cloud took back mid-run
 
     @property
     def rejected_total(self) -> int:
@@ -84,6 +85,7 @@ class RunSummary:
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
             **({"cost": self.cost} if self.cost is not None else {}),
+            **({"replacements": self.replacements} if self.replacements else {}),
             **({"chunking": {**self.chunking.to_json(), "tokenizer": self._tokenizer_said()}}
                if self.chunking is not None else {}),
             **({"storage_full": {"path": self.storage_full.path, "needed_bytes": self.storage_full.needed_bytes,
