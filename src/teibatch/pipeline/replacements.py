@@ -98,8 +98,12 @@ class ServerWatch:
             return 0
         entries = [self._take_out(server) for server in lost]
         started = time.monotonic()
-        endpoints = [] if self._stop.is_set() else self.provider.replace(lost)
-        met = self.meet(endpoints) if endpoints and not self._stop.is_set() else []
+        try:
+            endpoints = [] if self._stop.is_set() else self.provider.replace(lost)
+            met = self.meet(endpoints) if endpoints and not self._stop.is_set() else []
+        except Exception as exc:  # whatever went wrong, the senders must stop waiting for a replacement
+            log.exception("renting a replacement on %s failed", self.name)
+            met = [f"renting a replacement failed: {exc}"]
         ready = [plan for plan in met if isinstance(plan, ServerPlan)]
         refused = [reason for reason in met if isinstance(reason, str)]
         for server, entry in zip(lost, entries, strict=True):
