@@ -124,8 +124,8 @@ class ServersSection(_Section):
     # instances never healthy, or taken back mid-run, replaced at most this often in all; None: servers.count
     max_replacements: int | None = Field(None, ge=0, le=64)
     ssh_key_name: str | None = None                 # lambda: the SSH key registered with Lambda Cloud
-    key_file: str | None = None                     # lambda: its private key file (OpenSSH reads it)
-    ssh_user: str = "ubuntu"                        # lambda
+    key_file: str | None = None                     # lambda, vast: the private key file (OpenSSH reads it)
+    ssh_user: str = "ubuntu"                        # lambda (vast: root)
     ssh_port: int = Field(22, ge=1, le=65535)       # lambda
     network_volume_id: str | None = None            # runpod: keep the model weights in this network volume
     cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"   # runpod
@@ -171,10 +171,14 @@ class ServersSection(_Section):
         if self.min_reliability is not None and self.provider != "vast":
             raise ValueError("servers.min_reliability is for provider vast (the marketplace's machine reliability)")
         if self.provider == "vast":
-            for key in ("regions", "network_volume_id", "ssh_key_name"):
+            for key in ("regions", "network_volume_id"):
                 if getattr(self, key):
                     raise ValueError(f"servers.{key} is not supported by provider vast (its offers are single "
                                      "machines: choose them by gpu, min_vram_gb, max_price and min_reliability)")
+            for key in ("ssh_key_name", "ssh_port"):
+                if key in self.model_fields_set:
+                    raise ValueError(f"servers.{key} is not used by provider vast: the public key of servers.key_file "
+                                     "(<key_file>.pub) is attached to each instance, and Vast chooses the port")
         return self
 
 

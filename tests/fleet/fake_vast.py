@@ -19,11 +19,18 @@ and the ``vast-ai/vast-python`` CLI (``vast.py``: ``search__offers``, ``create__
   (``{"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": "<port>"}]}``), ``dph_total``, ``is_bid``
 * ``DELETE /api/v0/instances/{id}/`` → ``{"success": true}``; a destroyed instance answers
   ``gone_status`` (404, or 410 Gone) to show and destroy
+* ``POST /api/v0/instances/{id}/ssh/`` with ``{"ssh_key": <public key>}`` (the CLI's ``attach ssh``) →
+  ``{"success": true}``; recorded in ``ssh_keys``
 
 The container is the TEI image's command line run for real: ``runtype: args``, ``onstart`` (the entrypoint)
 ``timeout`` and ``args`` ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``; the fake runs
 ``timeout <deadline> python -m teibatch serve --api-key $API_KEY <router args>`` on a free port and
-maps container port 80 to it. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
+maps container port 80 to it. An SSH launch (``runtype: "ssh_direc ssh_proxy"``, what the CLI's ``--ssh
+--direct`` sends) has no ``args``: Vast's entrypoint runs sshd and then ``onstart``, a shell line
+``nohup timeout … text-embeddings-router … > <log> 2>&1 &``, which the fake runs the same way; the
+router's ``--huggingface-hub-cache <dir>`` gets the model files TEI would download (a folder the test
+sshd reads: the sshd is every SSH instance's), and container port 22 is mapped to ``ssh_port`` (the
+test sshd's, set by the test). Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
 loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
 ``destroy_errors`` (that many 502/503 answers), ``gone_status``; :meth:`FakeVast.preempt` stops an
 instance as Vast does an outbid interruptible one.
@@ -33,10 +40,12 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from tests.fleet.fakehttp import ContainerFake
+from tests.fleet.standin_docker import hub_files
 
 
 def _offer(offer_id: int, gpu: str, ram_mb: int, cap: int, price: float, min_bid: float,
@@ -56,6 +65,7 @@ OFFERS = [
     _offer(1007, "RTX 3090", 24576, 860, 0.22, 0.10, reliability=0.99),
 ]
 CREATE_FIELDS = {"client_id", "image", "label", "disk", "runtype", "onstart", "args", "env", "price"}
+SSH_RUNTYPE = "ssh_direc ssh_proxy"
 OPS = {"eq": lambda a, b: a == b, "gte": lambda a, b: a >= b, "lte": lambda a, b: a <= b,
        "in": lambda a, b: a in b}
 
@@ -77,12 +87,15 @@ class FakeVast(ContainerFake):
         self.show_errors = 0
         self.destroy_errors = 0
         self.gone_status = 404
+        self.ssh_port: int | None = None
+        self.ssh_keys: dict[int, str] = {}
         self._ids = itertools.count(7_000_001)
         self.route("POST", "/api/v0/bundles/", self._search)
         self.route("PUT", r"/api/v0/asks/(?P<id>\d+)/", self._create)
         self.route("GET", "/api/v0/instances/", self._list)
         self.route("GET", r"/api/v0/instances/(?P<id>\d+)/", self._show)
         self.route("DELETE", r"/api/v0/instances/(?P<id>\d+)/", self._destroy)
+        self.route("POST", r"/api/v0/instances/(?P<id>\d+)/ssh/", self._attach)
 
     @property
     def api_url(self) -> str:
@@ -138,7 +151,7 @@ class FakeVast(ContainerFake):
                         "dph_total": body.get("price", offer["dph_total"]), "is_bid": "price" in body,
                         "gpu_name": offer["gpu_name"], "image_uuid": body["image"], "image_runtype": body["runtype"],
                         "extra_env": [[k, v] for k, v in body["env"].items()], "onstart": body["onstart"],
-                        "image_args": body["args"]}
+                        "image_args": body.get("args", [])}
             self.instances[instance_id] = instance
             self.creates.append(dict(body, offer_id=offer_id))
             if self.stuck > 0:
@@ -152,12 +165,25 @@ class FakeVast(ContainerFake):
 
     def _start(self, instance: dict[str, Any], body: dict[str, Any]) -> None:
         """Run the container: TEI's router command line, with the built-in server for the router."""
-        assert body["runtype"] == "args" and body["onstart"] == "timeout", body
         assert body["env"]["-p 80:80"] == "1"
-        port = self.run_router(instance["id"], instance["label"], list(body["args"]), body["env"]["API_KEY"])
-        instance.update(actual_status="running", public_ipaddr="127.0.0.1",
-                        ports={"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)},
-                                          {"HostIp": "::", "HostPort": str(port)}]})
+        ports: dict[str, list[dict[str, str]]] = {}
+        if body["runtype"] == SSH_RUNTYPE:
+            assert self.ssh_port is not None, "an SSH launch needs the test sshd: set fake.ssh_port"
+            words = shlex.split(body["onstart"])
+            assert words[:2] == ["nohup", "timeout"] and words[-4] == ">" and words[-2:] == ["2>&1", "&"], words
+            command = words[2:words.index(">")]
+            at = command.index("--huggingface-hub-cache")
+            model_dir = command.pop(at + 1)
+            command.pop(at)
+            model = command[command.index("--model-id") + 1]
+            hub_files(model_dir, model)  # what TEI downloads into its hub cache on first start
+            ports["22/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(self.ssh_port)}]
+        else:
+            assert body["runtype"] == "args" and body["onstart"] == "timeout", body
+            command = list(body["args"])
+        port = self.run_router(instance["id"], instance["label"], command, body["env"]["API_KEY"])
+        ports["80/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(port)}, {"HostIp": "::", "HostPort": str(port)}]
+        instance.update(actual_status="running", public_ipaddr="127.0.0.1", ports=ports)
 
     def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:
@@ -176,6 +202,15 @@ class FakeVast(ContainerFake):
                 return 502, {"success": False, "error": "server_error", "msg": "Bad Gateway"}
             gone = self._gone(int(match["id"]))
             return gone or (200, {"instances": dict(self.instances[int(match["id"])])})
+
+    def _attach(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+        assert set(body) == {"ssh_key"}, body
+        with self.lock:
+            gone = self._gone(int(match["id"]))
+            if gone:
+                return gone
+            self.ssh_keys[int(match["id"])] = body["ssh_key"]
+        return 200, {"success": True}
 
     def _destroy(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         instance_id = int(match["id"])

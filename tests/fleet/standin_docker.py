@@ -75,6 +75,13 @@ def free_port() -> int:
 
 def fake_download(volume: str, model: str) -> None:
     """What TEI does on first start: the model into the HF cache on /data (blobs + snapshot symlinks)."""
+    downloaded = hub_files(volume, model)
+    with open(STATE / "downloads.jsonl", "a") as handle:
+        handle.write(json.dumps({"model": model, "downloaded": downloaded}) + "\n")
+
+
+def hub_files(volume: str, model: str) -> bool:
+    """Write a stand-in of ``model`` into the HF cache at ``volume``, unless it is there; whether it was written."""
     repo = Path(volume) / f"models--{model.replace('/', '--')}"
     weights = repo / "snapshots" / "main" / "model.safetensors"
     downloaded = not weights.exists()
@@ -86,8 +93,7 @@ def fake_download(volume: str, model: str) -> None:
         weights.parent.mkdir(parents=True, exist_ok=True)
         weights.symlink_to(os.path.relpath(blob, weights.parent))
         (repo / "snapshots" / "main" / "config.json").write_text(json.dumps({"model": model}))
-    with open(STATE / "downloads.jsonl", "a") as handle:
-        handle.write(json.dumps({"model": model, "downloaded": downloaded}) + "\n")
+    return downloaded
 
 
 def run(args: list[str]) -> int:

@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
+from click.testing import CliRunner
 
-from teibatch.errors import CapacityUnavailable, CloudApiError, JobSpecError
-from teibatch.fleet import LaunchSpec, Ledger, running
+from teibatch.cli_fleet import fleet
+from teibatch.errors import CapacityUnavailable, CloudApiError, ExportFailed, JobSpecError
+from teibatch.fleet import ExportPlan, LaunchSpec, Ledger, running, session
 from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.lambdacloud import SshLogin
 from teibatch.fleet.offers import GpuWant, Offer
 from teibatch.fleet.vast import VastApi, VastProvider, bid_for
 from teibatch.job import load_job
@@ -24,8 +28,8 @@ from teibatch.pipeline import run_job
 from teibatch.pipeline.plan import estimate_run
 from teibatch.pipeline.pricing import card_estimate
 from teibatch.pipeline.providers import provider_for
-from tests.fleet.conftest import VAST_KEY, kill_when_ready, sweep_destroys_what_the_killed_run_left
-from tests.fleet.fake_vast import FakeVast
+from tests.fleet.conftest import VAST_KEY, SshHostFixture, kill_when_ready, sweep_destroys_what_the_killed_run_left
+from tests.fleet.fake_vast import SSH_RUNTYPE, FakeVast
 from tests.fleet.test_lambda import _env
 from tests.fleet.test_run_ssh import corpus, files_under
 
@@ -50,6 +54,17 @@ def provider(ledger: Ledger, *, capacity: str = "on-demand", max_price: float | 
     api = VastApi(timeout=options.pop("api_timeout", 5.0), want=want, capacity=capacity)  # type: ignore[arg-type]
     settings = {"count": 1, "startup_timeout": 20.0, **options}
     return VastProvider(api, want=want, model_id=MODEL, ledger=ledger, **settings)
+
+
+def exporting(fake: FakeVast, host: SshHostFixture, tmp_path: Path) -> dict[str, Any]:
+    """The job's ``servers`` keys of a Vast run that exports: the test sshd stands in for every instance's."""
+    fake.ssh_port = host.port
+    return {"key_file": str(host.key_file), "ssh_user": host.user, "volume": str(tmp_path / "vast-data")}
+
+
+def exported_files(export: Path) -> dict[str, Any]:
+    manifest = orjson.loads((export / "_export.json").read_bytes())
+    return {rel: info["sha256"] for rel, info in manifest["files"].items()}
 
 
 @pytest.mark.timeout(120)
@@ -86,6 +101,100 @@ def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_p
     captured = capsys.readouterr()
     for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
         assert VAST_KEY not in text and tei_key not in text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.usefixtures("ray_session")
+def test_full_job_with_export_copies_the_model_off_over_ssh_then_destroys(
+        fake_vast: FakeVast, host: SshHostFixture, tmp_path: Path, ledger: Ledger) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    summary = run_job(load_job(write_job(tmp_path, servers, export={"to": str(tmp_path / "exports")})))
+    assert summary.embedded == 40 and summary.status == "done"
+    assert fake_vast.alive() == 0
+    assert len(fake_vast.creates) == 2 and len(fake_vast.destroys) == 2
+    for create in fake_vast.creates:
+        assert create["runtype"] == SSH_RUNTYPE and "args" not in create
+        assert create["onstart"].startswith("nohup timeout -k 30s ")
+        assert f"text-embeddings-router --huggingface-hub-cache {tmp_path / 'vast-data'} --model-id {MODEL}" \
+            in create["onstart"]
+    public_key = host.key_file.with_name(host.key_file.name + ".pub").read_text().strip()
+    assert fake_vast.ssh_keys == {i: public_key for i in fake_vast.destroys}
+    record = ledger.load(summary.run_id)
+    assert record is not None and record["export_to"] == str(tmp_path / "exports")
+    names = sorted(record["instances"])
+    assert names == [f"teibatch-{summary.run_id}-{i}" for i in range(2)]
+    model_dir = tmp_path / "vast-data"
+    [blob] = (model_dir / "models--BAAI--bge-small-en-v1.5" / "blobs").iterdir()
+    for name in names:
+        entry = record["instances"][name]
+        assert entry["state"] == "destroyed" and entry["export"]["verified"] is True
+        assert entry["shell"]["port"] == host.port and entry["volume"] == str(model_dir)
+        export = tmp_path / "exports" / name
+        assert set(exported_files(export)) == {str(blob.relative_to(model_dir)),
+                                               "models--BAAI--bge-small-en-v1.5/snapshots/main/config.json"}
+        assert (export / "data" / blob.relative_to(model_dir)).read_bytes() == blob.read_bytes()
+    steps = [step["state"] for step in record["instances"][names[0]]["steps"]]
+    assert steps.index("healthy") < steps.index("destroyed")  # destroyed only once the export verified
+    tei_key = fake_vast.creates[0]["env"]["API_KEY"]
+    for path in files_under(tmp_path / "out", tmp_path / "state", tmp_path / "exports"):
+        data = path.read_bytes()
+        assert VAST_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
+
+
+@pytest.mark.timeout(120)
+def test_export_that_fails_keeps_the_instance_until_sweep_waives_it(fake_vast: FakeVast, host: SshHostFixture,
+                                                                   tmp_path: Path, ledger: Ledger) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the export folder should be")
+    fleet_ = provider(ledger, login=SshLogin(user=servers["ssh_user"], key_file=servers["key_file"]),
+                      model_dir=servers["volume"])
+    with pytest.raises(ExportFailed, match="kept, nothing holding data destroyed") as caught, \
+            session(fleet_, LaunchSpec(run_id="kept", export_to=str(blocker)), ExportPlan(to=str(blocker))):
+        pass
+    assert "teibatch-kept-0" in str(caught.value) and "fleet sweep --waive-export" in str(caught.value)
+    assert fake_vast.destroys == [] and fake_vast.alive() == 2  # the instance (and its TEI) is kept
+    entry = (ledger.load("kept") or {})["instances"]["teibatch-kept-0"]
+    assert (entry["state"], entry["kept"], entry["export"]["verified"]) == ("healthy", "export not verified", False)
+    runner = CliRunner()
+    again = runner.invoke(fleet, ["sweep"])  # the export still fails: still kept
+    assert "kept: kept" in again.output and fake_vast.alive() == 2
+    swept = runner.invoke(fleet, ["sweep", "--waive-export"])
+    assert swept.exit_code == 0, swept.output
+    assert "kept: destroyed" in swept.output
+    assert fake_vast.alive() == 0 and [e["state"] for e in (ledger.load("kept") or {})["instances"].values()] == [
+        "destroyed"]
+    assert runner.invoke(fleet, ["list"]).output.strip() == "nothing left running"
+
+
+@pytest.mark.timeout(150)
+def test_sigkill_of_an_exporting_run_then_fleet_sweep_exports_and_destroys(
+        fake_vast: FakeVast, host: SshHostFixture, tmp_path: Path, ledger: Ledger) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    script = (
+        "import sys, time\n"
+        "from teibatch.fleet import session, LaunchSpec, ExportPlan\n"
+        "from teibatch.fleet.lambdacloud import SshLogin\n"
+        "from teibatch.fleet.vast import VastApi, VastProvider\n"
+        "from teibatch.fleet.offers import GpuWant\n"
+        "user, key_file, model_dir, to = sys.argv[1:5]\n"
+        "want = GpuWant(names=('RTX 4090',))\n"
+        "fleet = VastProvider(VastApi(want=want), count=1, want=want, model_id='BAAI/bge-small-en-v1.5',"
+        " startup_timeout=30, login=SshLogin(user=user, key_file=key_file), model_dir=model_dir)\n"
+        "with session(fleet, LaunchSpec(run_id='killed', export_to=to), ExportPlan(to=to)):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(120)\n")
+    to = tmp_path / "exports"
+    kill_when_ready([sys.executable, "-c", script, servers["ssh_user"], servers["key_file"], servers["volume"],
+                     str(to)], _env(tmp_path))
+    assert fake_vast.alive() == 2 and not to.exists()  # the driver is gone; its instance, never exported, is not
+    swept = CliRunner().invoke(fleet, ["sweep"])
+    assert swept.exit_code == 0, swept.output
+    assert "killed: destroyed" in swept.output
+    assert fake_vast.alive() == 0
+    assert exported_files(to / "teibatch-killed-0")  # copied off, and verified, before the instance went
+    entry = (ledger.load("killed") or {})["instances"]["teibatch-killed-0"]
+    assert entry["state"] == "destroyed" and entry["export"]["verified"] is True
 
 
 @pytest.mark.timeout(60)
@@ -217,9 +326,23 @@ def test_credentials_from_the_env_var_then_the_key_files(fake_vast: FakeVast, tm
     assert refused.value.status_code == 401 and "another-wrong-key" not in str(refused.value)
 
 
-def test_job_rules(fake_vast: FakeVast, tmp_path: Path) -> None:
-    with pytest.raises(JobSpecError, match=r"export\.waive"):
-        provider_for(load_job(write_job(tmp_path, export={"to": str(tmp_path / "volumes")})))
+def test_job_rules(fake_vast: FakeVast, tmp_path: Path, client_key: Path) -> None:
+    to = {"to": str(tmp_path / "volumes")}
+    with pytest.raises(JobSpecError, match=r"set export\.to \(and servers\.key_file\).*or export\.waive: true"):
+        provider_for(load_job(write_job(tmp_path, export={})))
+    with pytest.raises(JobSpecError, match=r"set servers\.key_file") as caught:
+        provider_for(load_job(write_job(tmp_path, export=to)))
+    assert caught.value.key == "servers.key_file"
+    with pytest.raises(JobSpecError, match=r"servers\.key_file: cannot read .*nokey\.pub") as caught:
+        provider_for(load_job(write_job(tmp_path, {"key_file": str(tmp_path / "nokey")}, export=to)))
+    assert caught.value.key == "servers.key_file"
+    with pytest.raises(JobSpecError, match=r"servers\.volume: 'data'.*absolute path"):
+        provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key), "volume": "data"}, export=to)))
+    with pytest.raises(JobSpecError, match=r"servers\.ssh_port is not used by provider vast"):
+        load_job(write_job(tmp_path, {"ssh_port": 2222}))
+    exporting_ = provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=to)))
+    assert isinstance(exporting_, VastProvider) and exporting_.login is not None
+    assert (exporting_.login.user, exporting_.model_dir) == ("root", "/data")
     with pytest.raises(JobSpecError, match=r"servers\.capacity is for the GPU clouds"):
         load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
     with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):

@@ -15,8 +15,9 @@ order, and the create call for one offer; this module does the rest, the same wa
   found by :meth:`~ContainerCloudProvider.lost` and recorded in the ledger as lost, which ends its
   rented time; :meth:`~ContainerCloudProvider.replace` terminates it and rents another from the
   offers of now, within the same ``max_replacements``;
-* ``down`` terminates every instance of the run, also those found only by name; a replacement being
-  rented stops first.
+* ``down`` terminates every instance of the run, also those found only by name, but those a
+  provider holds for an export (``vast`` with ``export.to``: its ``destroy`` ends them once their
+  copy is verified); a replacement being rented stops first.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def new_run_id() -> str:
 class ContainerCloudProvider(Provider, ReplacesLost):
     """``count`` containers rented from one container cloud, each the TEI image for its card.
 
-    The containers are the servers and hold nothing to export, so ``down`` terminates them. Those the
-    cloud takes back mid-run are replaced (:class:`~teibatch.fleet.base.ReplacesLost`).
+    The containers are the servers, so ``down`` terminates them (but those :meth:`_held` for an
+    export). Those the cloud takes back mid-run are replaced (:class:`~teibatch.fleet.base.ReplacesLost`).
     Subclasses give :meth:`create` (one instance from one offer) and, where the cloud needs it,
     :meth:`usable_offers` (the order offers are tried in) and :meth:`ledger_config`.
     """
@@ -143,7 +144,7 @@ class ContainerCloudProvider(Provider, ReplacesLost):
                 return self._endpoints()
             raise FleetError(f"this {self.name} provider already serves run {self.run_id}")
         self.run_id = spec.run_id
-        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=None,
+        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=spec.export_to,
                           config=self.ledger_config())
         self._rental = Rental(self.api, self.ledger, spec.run_id)
         self._deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout
@@ -227,11 +228,13 @@ class ContainerCloudProvider(Provider, ReplacesLost):
             url = f"http://{host}"
             self._rental.note(item.name, InstanceState.RUNNING, host=host)
             closing = self._rental.closing
-            if wait_healthy(url, deadline, alive=lambda: not closing.is_set()):
+            healthy = wait_healthy(url, deadline, alive=lambda: not closing.is_set())
+            problem = self._also_reach(item, deadline) if healthy else None
+            if healthy and problem is None:
                 self._urls[item.name] = url
                 self._rental.note(item.name, InstanceState.HEALTHY)
                 return True
-            item.error = ("the run ended before it served" if closing.is_set() else
+            item.error = ("the run ended before it served" if closing.is_set() else problem if healthy else
                           f"TEI did not answer /health on {url} within servers.startup_timeout "
                           f"({self.startup_timeout:.0f}s)")
         else:
@@ -245,26 +248,45 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
         return False
 
+    def _also_reach(self, item: Rented, deadline: float) -> str | None:
+        """What else a ready instance whose TEI answers must do before it serves (by ``deadline``, monotonic);
+        ``None`` when done, else why not (the instance is then given back). Nothing, here."""
+        return None
+
+    def _held(self) -> frozenset[str]:
+        """The instances ``down`` leaves running because they hold data still to export (a subclass that
+        exports ends them in its ``destroy``, and releases the run there). None, here."""
+        return frozenset()
+
     def _endpoints(self) -> list[Endpoint]:
         return [Endpoint(url, self.api_key, self.payload_limit) for url in self._urls.values()]
 
     def down(self) -> None:
-        """Terminate every instance of the run (also those found only by name); bounded, idempotent."""
+        """Terminate every instance of the run (also those found only by name) but those :meth:`_held`;
+        bounded, idempotent."""
         if self._rental is None:
             return
         self._rental.closing.set()  # a replacement being rented stops waiting; then nothing more is rented
+        held = self._held()
         with self._renting:
             self._urls.clear()
-            problems = self._rental.terminate_all()
-        try:
-            self.ledger.release(self._rental.run_id)
-        except FleetError as exc:
-            log.error("%s", exc)
+            problems = self._rental.terminate_all(keep=held)
+        if not held:
+            self._release()
         if problems:
             raise TeardownIncomplete(f"run {self.run_id}: {self.name} {self.noun}s may still run: "
                                      f"{'; '.join(problems)}. They stop serving at their deadline but cost money "
                                      f"until terminated: run `teibatch fleet sweep`, or terminate them in "
                                      f"{self.console}")
+
+    def _release(self) -> None:
+        """Tell the ledger the driver is done with the run (what is left is for ``fleet sweep``)."""
+        if self._rental is None:
+            return
+        try:
+            self.ledger.release(self._rental.run_id)
+        except FleetError as exc:
+            log.error("%s", exc)
 
     def instances(self) -> list[Instance]:
         if self._rental is None:

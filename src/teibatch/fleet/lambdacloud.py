@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from teibatch.endpoint import Endpoint
-from teibatch.errors import CapacityUnavailable, FleetError, HostKeyRejected, HostUnreachable, TeardownIncomplete
+from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
 from teibatch.fleet.base import InstanceState, LaunchSpec
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
@@ -39,7 +38,7 @@ from teibatch.fleet.hosted import ContainerProvider, HostPlan, _Slot
 from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
-from teibatch.fleet.shell import SshShell, SshTarget
+from teibatch.fleet.shell import SshShell, SshTarget, wait_login
 
 log = logging.getLogger(__name__)
 
@@ -221,16 +220,7 @@ class LambdaProvider(ContainerProvider):
 
     def _wait_ssh(self, slot: _Slot, deadline: float) -> None:
         """Wait until the VM takes an SSH login (sshd starts a little after the API says active)."""
-        while True:
-            try:
-                slot.plan.shell.run("true", what="ssh login", timeout=max(1.0, min(20.0, deadline - time.monotonic())))
-                return
-            except HostKeyRejected:
-                raise
-            except (HostUnreachable, FleetError):
-                if time.monotonic() + SSH_RETRY_S >= deadline:
-                    raise
-                time.sleep(SSH_RETRY_S)
+        wait_login(slot.plan.shell, deadline, retry_s=SSH_RETRY_S)
 
     def _give_back(self, item: Rented) -> None:
         """Terminate a VM that will not serve (its volume holds nothing the run needs)."""

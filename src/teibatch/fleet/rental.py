@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -277,8 +277,9 @@ class Rental:
         """Every live instance of this run in the cloud, found by name (also those no call ever answered for)."""
         return [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
 
-    def terminate_all(self, *, timeout: float = TERMINATE_TIMEOUT_S) -> list[str]:
-        """Terminate every instance of the run (known ones, and any the cloud lists by name); return problems."""
+    def terminate_all(self, *, timeout: float = TERMINATE_TIMEOUT_S, keep: Collection[str] = ()) -> list[str]:
+        """Terminate every instance of the run (known ones, and any the cloud lists by name) but those named in
+        ``keep``; return problems."""
         problems = []
         try:
             for found in self.leftovers():
@@ -288,7 +289,7 @@ class Rental:
         except FleetError as exc:
             problems.append(f"could not list the run's instances: {exc}")
         for item in self.rented.values():
-            if item.terminated:  # given back earlier in the run, and recorded then
+            if item.terminated or item.name in keep:  # given back earlier in the run (and recorded then), or kept
                 continue
             try:
                 self.terminate(item, timeout=timeout)

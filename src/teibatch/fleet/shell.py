@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from teibatch.errors import FleetTimeout, HostKeyRejected, HostUnreachable, RemoteCommandFailed
+from teibatch.errors import FleetError, FleetTimeout, HostKeyRejected, HostUnreachable, RemoteCommandFailed
 
 DEFAULT_COMMAND_TIMEOUT_S = 60.0
+LOGIN_RETRY_S = 2.0
 CONNECT_TIMEOUT_S = 15
 TUNNEL_POLL_S = 0.1
 SSH_FAILED = 255
@@ -280,6 +281,22 @@ class Tunnel:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def wait_login(shell: Shell, deadline: float, *, retry_s: float = LOGIN_RETRY_S) -> None:
+    """Wait until ``shell`` takes a login (a rented machine's sshd starts a little after its cloud says it
+    runs, and a key attached to it takes a moment to apply); raise the last failure at ``deadline``
+    (monotonic). A rejected host key is raised at once: waiting does not fix it."""
+    while True:
+        try:
+            shell.run("true", what="ssh login", timeout=max(1.0, min(20.0, deadline - time.monotonic())))
+            return
+        except HostKeyRejected:
+            raise
+        except FleetError:
+            if time.monotonic() + retry_s >= deadline:
+                raise
+            time.sleep(retry_s)
 
 
 def free_port() -> int:

@@ -13,36 +13,60 @@ instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python``
   ``limit``: answers ``{"offers": [{id, gpu_name, num_gpus, gpu_ram (MB), compute_cap, dph_total,
   min_bid, reliability2, ...}]}``; each offer is one machine, rentable once
 * ``PUT /asks/{offer id}/`` with ``client_id: "me"``, ``image`` (TEI's image for the offer's
-  ``compute_cap``), ``label`` (``teibatch-<run id>-<n>``), ``disk``, ``runtype: "args"`` (the image's
-  own launch, no SSH), ``onstart: "timeout"`` (the entrypoint of an args launch, as the CLI's
-  ``--entrypoint`` sends it) and ``args`` (the host-side deadline around ``text-embeddings-router``),
-  ``env`` ``{"API_KEY": …, "-p 80:80": "1"}`` (TEI's ``--api-key``: the port is public), and for an
-  interruptible instance ``price`` (the bid, $/hour): answers ``{"success": true, "new_contract": id}``;
-  an offer already taken answers an error ``no_such_ask`` (4xx)
+  ``compute_cap``), ``label`` (``teibatch-<run id>-<n>``), ``disk``, ``env`` ``{"API_KEY": …,
+  "-p 80:80": "1"}`` (TEI's ``--api-key``: the port is public), for an interruptible instance ``price``
+  (the bid, $/hour), and the launch (the API reference's "launch modes"):
+
+  - without an export, ``runtype: "args"`` (the image as is, no SSH), ``onstart: "timeout"`` (the
+    entrypoint of an args launch, as the CLI's ``--entrypoint`` sends it) and ``args`` (the host-side
+    deadline around ``text-embeddings-router``);
+  - with ``export.to``, ``runtype: "ssh_direc ssh_proxy"`` (what the CLI's ``--ssh --direct`` sends:
+    Vast's entrypoint replaces the image's and runs sshd, mapping the container's port 22 to a host
+    port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's router started in the
+    background under the same deadline, ``--huggingface-hub-cache`` naming the model directory);
+
+  answers ``{"success": true, "new_contract": id}``; an offer already taken answers an error
+  ``no_such_ask`` (4xx)
+* ``POST /instances/{id}/ssh/`` with ``{"ssh_key": "<public key>"}`` (the CLI's ``attach ssh``): the
+  key ``root`` logs in with; the direct connection is ``root@<public_ipaddr>`` on the host port of
+  ``ports["22/tcp"]`` (the CLI's ``ssh-url``)
 * ``GET /instances/{id}/``: ``{"instances": {actual_status, intended_status, cur_state, label,
-  public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}]}, dph_total}}``
+  image_runtype, public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}], "22/tcp": [...]},
+  dph_total}}``
 * ``GET /instances/``: ``{"instances": [...]}`` (found again by label) · ``DELETE /instances/{id}/``
   (404 or 410: already gone)
 
 The key is ``$VAST_API_KEY``, else the CLI's key file (``~/.config/vastai/vast_api_key``, or the
 older ``~/.vast_api_key``). ``$TEIBATCH_VAST_API_URL`` replaces the API's address (tests, proxies).
-There is no export: an instance's disk goes with it, so a job on Vast waives the export.
+An instance's disk goes with it: a job either exports the model directory over SSH before the
+instance is destroyed (``export.to``; :class:`VastProvider` with a ``login``), or waives the export.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import shlex
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from teibatch.errors import CapacityUnavailable, FleetError
+from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
+from teibatch.fleet.base import Capability, DestroysHosts, ExportsVolumes, InstanceState, LostServer
 from teibatch.fleet.catalog import billing_rules, image_table
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
-from teibatch.fleet.images import CONTAINER_PORT
+from teibatch.fleet.export import export_volume
+from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
+from teibatch.fleet.images import CONTAINER_PORT, ImageChoice
+from teibatch.fleet.lambdacloud import SshLogin
+from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import Capacity, GpuWant, Offer
-from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState
+from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState, Rented
+from teibatch.fleet.shell import Shell, SshShell, redact, shell_from_record, wait_login
+
+log = logging.getLogger(__name__)
 
 DEFAULT_API_URL = "https://console.vast.ai/api/v0"
 API_URL_ENV = "TEIBATCH_VAST_API_URL"
@@ -52,6 +76,12 @@ DEFAULT_MIN_RELIABILITY = 0.98
 DEFAULT_DISK_GB = 40
 BID_MARGIN = 0.10          # the bid: the offer's minimum bid plus 10 %, never over servers.max_price
 SEARCH_LIMIT = 64
+SSH_PORT = 22
+SSH_RUNTYPE = "ssh_direc ssh_proxy"   # the CLI's --ssh --direct: a direct connection, the proxy as a fallback
+SSH_USER = "root"                      # who Vast's SSH launch lets in with the attached key
+SSH_RETRY_S = 2.0
+DEFAULT_MODEL_DIR = "/data"            # TEI's --huggingface-hub-cache in its images (HUGGINGFACE_HUB_CACHE)
+TEI_LOG = "/var/log/teibatch-tei.log"  # where TEI's output goes on an SSH instance (not in the model directory)
 _TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented")
 #: actual_status → state, when the contract is not released (cur_state "unloaded": gone)
 _STATES: dict[str | None, CloudState] = {
@@ -79,6 +109,26 @@ def compute_capability(value: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return f"{number // 100}.{number % 100 // 10}" if number > 0 else None
+
+
+def public_key_of(key_file: str) -> str:
+    """The OpenSSH public key beside the private key ``key_file`` (``<key_file>.pub``), for Vast to let in.
+
+    Raises :class:`JobSpecError` naming ``servers.key_file`` when it cannot be read or is not a public key.
+    """
+    path = Path(key_file).expanduser()
+    public = path.with_name(f"{path.name}.pub")
+    why = ("provider vast attaches the public key of servers.key_file to each instance, read from "
+           f"{public} (ssh-keygen -y -f {path} > {public} writes it)")
+    try:
+        text = public.read_text().strip()
+    except OSError as exc:
+        raise JobSpecError(f"servers.key_file: cannot read {public}: {exc.strerror}; {why}",
+                           key="servers.key_file") from None
+    if not text.startswith(("ssh-", "ecdsa-", "sk-")) or len(text.split()) < 2:
+        raise JobSpecError(f"servers.key_file: {public} does not hold an OpenSSH public key; {why}",
+                           key="servers.key_file")
+    return text
 
 
 def bid_for(min_bid: float, max_price: float | None, margin: float = BID_MARGIN) -> float:
@@ -168,8 +218,9 @@ class VastApi(CloudApi):
                     ports[int(number)] = int(bindings[0]["HostPort"])
         # cur_state "unloaded": the contract is released (destroyed); a status not known here stays UNKNOWN
         state = CloudState.GONE if row.get("cur_state") == "unloaded" else _STATES.get(actual, CloudState.UNKNOWN)
+        needed = {CONTAINER_PORT, SSH_PORT} if "ssh" in str(row.get("image_runtype") or "") else {CONTAINER_PORT}
         if (state is CloudState.PENDING and actual == "running" and row.get("intended_status") == "running"
-                and row.get("public_ipaddr") and CONTAINER_PORT in ports):
+                and row.get("public_ipaddr") and needed <= set(ports)):
             state = CloudState.READY
         price = row.get("dph_total")
         return CloudInstance(id=str(row["id"]), name=str(row.get("label") or ""), state=state, status=status,
@@ -191,32 +242,174 @@ class VastApi(CloudApi):
         self._client.call("DELETE", f"/instances/{instance_id}/", what=f"destroy instance {instance_id}",
                           missing_ok=True)
 
+    def attach_key(self, instance_id: str, public_key: str) -> None:
+        """Let ``public_key`` log in to the instance (as ``root``)."""
+        self._client.call("POST", f"/instances/{instance_id}/ssh/", json={"ssh_key": public_key},
+                          what=f"attach the SSH key to instance {instance_id}")
 
-class VastProvider(ContainerCloudProvider):
+
+class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
     """``count`` Vast.ai instances, each the TEI image for its card, reached on the host port Vast maps.
 
     ``capacity``: ``on-demand``; ``spot`` (interruptible: a bid, see :func:`bid_for`); or ``any``
     (interruptible offers first, on-demand ones after them when none fits or every one is taken).
+
+    With a ``login`` (its ``key_file``'s public key, ``<key_file>.pub``, is attached to each instance;
+    without a ``key_file``, the keys of the Vast account must let it in), instances are launched for SSH
+    as well, and one serves only once that login works; ``down`` then leaves the instances that served
+    running, ``export_volumes`` copies their ``model_dir`` off over SSH (verified by sha256), and
+    ``destroy`` destroys those whose copy was verified (all, when the export is waived).
     """
 
     name = "vast"
     console = "Vast's console (cloud.vast.ai/instances)"
 
-    def __init__(self, api: VastApi, *, disk_gb: int = DEFAULT_DISK_GB, **options: Any) -> None:
+    def __init__(self, api: VastApi, *, disk_gb: int = DEFAULT_DISK_GB, login: SshLogin | None = None,
+                 model_dir: str = DEFAULT_MODEL_DIR, **options: Any) -> None:
         super().__init__(api, **options)
         self.disk_gb = disk_gb
+        self.login = login
+        self.model_dir = model_dir
+        self.public_key = public_key_of(login.key_file) if login is not None and login.key_file else None
+        if login is not None:
+            self.capabilities = self.capabilities | {Capability.EXPORT, Capability.DESTROY}
+        self._shells: dict[str, Shell] = {}     # instances that served and hold the model: name → their shell
+        self._volumes: dict[str, str] = {}      # name → the model directory on it
+        self._exported: set[str] = set()        # names whose export verified
 
     def create(self, name: str, offer: Offer, deadline_s: int) -> str:
         assert isinstance(self.api, VastApi)
         return self.api.create(offer, self.instance_request(name, offer, deadline_s))
 
+    def router_command(self, offer: Offer, deadline_s: int) -> tuple[ImageChoice, list[str]]:
+        image, command = super().router_command(offer, deadline_s)
+        if self.login is not None:  # the directory exported is the one TEI keeps the model in
+            command[4:4] = ["--huggingface-hub-cache", self.model_dir]
+        return image, command
+
     def instance_request(self, name: str, offer: Offer, deadline_s: int) -> dict[str, Any]:
-        """The ``PUT /asks/{id}/`` body for ``offer``: TEI's image for its card, behind the host-side deadline."""
+        """The ``PUT /asks/{id}/`` body for ``offer``: TEI's image for its card, behind the host-side deadline
+        (and reachable over SSH when the run exports)."""
         image, command = self.router_command(offer, deadline_s)
         body: dict[str, Any] = {
-            "client_id": "me", "image": image.image, "label": name, "disk": self.disk_gb, "runtype": "args",
-            "onstart": "timeout", "args": command,
+            "client_id": "me", "image": image.image, "label": name, "disk": self.disk_gb,
             "env": {"API_KEY": self.api_key, f"-p {CONTAINER_PORT}:{CONTAINER_PORT}": "1"}}
+        if self.login is None:
+            body.update(runtype="args", onstart="timeout", args=command)
+        else:  # Vast's entrypoint runs sshd, then this line; the router must not hold it up
+            body.update(runtype=SSH_RUNTYPE,
+                        onstart=f"nohup {shlex.join(['timeout', *command])} > {TEI_LOG} 2>&1 &")
         if offer.interruptible:
             body["price"] = offer.price_per_hour
         return body
+
+    def ledger_config(self) -> dict[str, Any]:
+        config = super().ledger_config()
+        if self.login is not None:
+            config["model_dir"] = self.model_dir
+        return config
+
+    # -- SSH: an instance serves once its login works ------------------------------------------------------
+
+    def _also_reach(self, item: Rented, deadline: float) -> str | None:
+        if self.login is None:
+            return None
+        assert isinstance(self.api, VastApi) and self._rental is not None
+        seen = item.seen
+        assert seen is not None and seen.address and item.id is not None
+        known_hosts = state_dir() / "known_hosts" / f"{self.run_id}"
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        shell = SshShell(replace(self.login, port=seen.ports[SSH_PORT]).target(seen.address, known_hosts))
+        shell.secrets.append(self.api_key)
+        try:
+            if self.public_key:
+                self.api.attach_key(item.id, self.public_key)
+            wait_login(shell, deadline, retry_s=SSH_RETRY_S)
+        except FleetError as exc:
+            return f"no SSH login to {shell.label} within servers.startup_timeout: {redact(str(exc), [self.api_key])}"
+        self._shells[item.name] = shell
+        self._volumes[item.name] = self.model_dir
+        self._rental.note(item.name, None, shell=shell.record(), volume=self.model_dir)
+        return None
+
+    def lost(self) -> list[LostServer]:
+        found = super().lost()
+        for server in found:  # a stopped instance cannot be reached any more: nothing to copy off it
+            self._shells.pop(server.name, None)
+        return found
+
+    # -- down, export, destroy -----------------------------------------------------------------------------
+
+    def _held(self) -> frozenset[str]:
+        if self._rental is None:
+            return frozenset()
+        return frozenset(name for name in self._shells if not self._rental.rented[name].terminated)
+
+    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
+                       timeout: float | None = None) -> list[str]:
+        urls, failures = [], []
+        for name in sorted(self._held()):
+            url = f"{to.rstrip('/')}/{name}"
+            if name not in self._exported:
+                self._note(name, export={"url": url, "verified": False})
+                try:
+                    export_volume(self._shells[name], self._volumes[name], url,
+                                  timeout=timeout or DEFAULT_EXPORT_TIMEOUT_S, storage_options=storage_options,
+                                  about={"run_id": self.run_id or "", "instance": name})
+                except ExportFailed as exc:
+                    failures.append(str(exc))
+                    self._note(name, error=str(exc))
+                    continue
+                self._exported.add(name)
+                self._note(name, export={"url": url, "verified": True})
+            urls.append(url)
+        if failures:
+            raise ExportFailed("; ".join(failures))
+        return urls
+
+    def destroy(self, *, waive_export: bool = False) -> list[str]:
+        if self._rental is None:
+            return []
+        kept, problems = [], []
+        for name in sorted(self._held()):
+            if not (name in self._exported or waive_export):
+                kept.append(name)
+                self._note(name, kept="export not verified")
+                continue
+            try:
+                self._rental.terminate(self._rental.rented[name])
+            except FleetError as exc:
+                problems.append(f"{name}: {exc}")
+                self._note(name, error=str(exc), state=InstanceState.UNKNOWN)
+                continue
+            self._note(name, state=InstanceState.DESTROYED)
+        self._release()
+        if problems:
+            raise TeardownIncomplete(f"run {self.run_id}: vast instances may still run: {'; '.join(problems)}; "
+                                     f"`teibatch fleet sweep` retries, or destroy them in {self.console}")
+        return kept
+
+    def _note(self, name: str, *, state: InstanceState | None = None, **fields: Any) -> None:
+        """Record a step of the export or destroy (a ledger that cannot be written is logged, not raised:
+        what it would record is done)."""
+        assert self._rental is not None
+        try:
+            self._rental.note(name, state, **fields)
+        except FleetError as exc:
+            log.error("%s: %s", name, exc)
+
+    @classmethod
+    def restore(cls, record: Mapping[str, Any], ledger: Ledger, api: Any) -> VastProvider:
+        """The provider of a recorded run (for ``teibatch fleet sweep``): its instances as recorded, and
+        those reached over SSH that still hold the model, to export before they are destroyed."""
+        provider = super().restore(record, ledger, api)
+        assert provider._rental is not None
+        for name, entry in record.get("instances", {}).items():
+            if "shell" in entry and entry.get("state") == InstanceState.HEALTHY.value:
+                provider._shells[name] = shell_from_record(entry["shell"])
+                provider._volumes[name] = str(entry.get("volume") or DEFAULT_MODEL_DIR)
+                if (entry.get("export") or {}).get("verified"):
+                    provider._exported.add(name)
+        if provider._shells:
+            provider.capabilities = provider.capabilities | {Capability.EXPORT, Capability.DESTROY}
+        return provider

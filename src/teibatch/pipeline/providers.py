@@ -34,6 +34,9 @@ from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import Capacity, GpuWant
 from teibatch.fleet.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.vast import DEFAULT_MIN_RELIABILITY, VastApi, VastProvider
+from teibatch.fleet.vast import DEFAULT_MODEL_DIR as VAST_MODEL_DIR
+from teibatch.fleet.vast import SSH_PORT as VAST_SSH_PORT
+from teibatch.fleet.vast import SSH_USER as VAST_SSH_USER
 from teibatch.job import JobSpec, SshHostSection
 
 BUILTIN_MODEL_PREFIX = "teibatch/"  # models only the built-in server serves
@@ -190,15 +193,29 @@ def _runpod_provider(job: JobSpec) -> RunPodProvider:
 def _vast_provider(job: JobSpec) -> VastProvider:
     servers = job.servers
     _needs_model(job)
-    if job.export.to or not job.export.waive:
-        raise JobSpecError("destroying a Vast instance destroys its disk (the model weights), and teibatch does not "
-                           "copy it off a Vast instance: set export.waive: true (and remove export.to)", key="export")
+    if not job.export.to and not job.export.waive:
+        raise JobSpecError("destroying a Vast instance destroys its disk (the model weights): set export.to (and "
+                           "servers.key_file) to copy them off over SSH first, or export.waive: true", key="export")
+    login = None
+    if job.export.to:
+        if not servers.key_file:
+            raise JobSpecError("export.to on provider vast copies the model directory off each instance over SSH: "
+                               "set servers.key_file to your private key (its public key, <key_file>.pub, is "
+                               "attached to each instance), or export.waive: true without export.to",
+                               key="servers.key_file")
+        if servers.volume and not servers.volume.startswith("/"):
+            raise JobSpecError(f"servers.volume: {servers.volume!r}: on provider vast it is the model directory "
+                               "inside the instance (TEI's --huggingface-hub-cache), an absolute path",
+                               key="servers.volume")
+        user = servers.ssh_user if "ssh_user" in servers.model_fields_set else VAST_SSH_USER
+        login = SshLogin(user=user, port=VAST_SSH_PORT, key_file=servers.key_file)
     api = cloud_api(job)
     assert isinstance(api, VastApi)
     return VastProvider(api, count=servers.count, want=gpu_want(job), model_id=job.model.id, image=servers.image,
                         server_args=tuple(servers.server_args), startup_timeout=_startup_timeout(job),
                         max_replacements=servers.max_replacements, disk_gb=servers.container_disk_gb,
-                        payload_limit=job.client.payload_limit, capacity=servers.capacity)
+                        payload_limit=job.client.payload_limit, capacity=servers.capacity, login=login,
+                        model_dir=servers.volume or VAST_MODEL_DIR)
 
 
 def fleet_session(job: JobSpec, provider: Provider, run_id: str) -> AbstractContextManager[list[Endpoint]]:
