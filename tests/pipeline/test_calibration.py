@@ -187,3 +187,22 @@ def test_another_vector_type_or_keep_float_is_refused(tmp_path: Path, server: En
         run_job(job_for(tmp_path, server, **output))
     assert named in str(caught.value), str(caught.value)
     assert str(caught.value).count(": stored ") == 1
+
+
+def test_a_chunked_output_calibrates_on_its_chunks(tmp_path: Path, server: Endpoint) -> None:
+    corpus = [{"id": f"d{i}", "text": " ".join(f"word{(i * 7 + j) % 23} token{j}" for j in range(40))}
+              for i in range(6)]
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", corpus)
+    job = JobSpec.model_validate({**job_for(tmp_path, server, vector_type="int8").model_dump(),
+                                  "chunking": {"strategy": "tokens", "max_tokens": 24, "store_text": True,
+                                               "tokenizer": "builtin-hashing"}})
+    run_job(job)
+    table = ds.dataset(tmp_path / "out" / "vectors").to_table()
+    texts = table.column("text").to_pylist()
+    assert len(texts) > len(corpus)  # cut into chunks
+    floats = server_floats(server, texts)
+    calibration = orjson.loads((tmp_path / "out" / "_manifest.json").read_bytes())["quantization"]
+    assert calibration["sample"] == len(texts)
+    assert calibration["min"] == floats.min(axis=0).tolist()
+    expected = reference("int8", floats, floats.min(axis=0), floats.max(axis=0))
+    assert table.column("embedding").to_pylist() == expected.tolist()

@@ -197,6 +197,11 @@ def test_quantized_part_stores_codes_and_keeps_the_float_vector(tmp_path: Path, 
     assert found is not None and found[1] == ("title",)  # the float column is no kept field
     reused = read_vectors(store, [relative], {"d1", "d4"}, schema)
     np.testing.assert_array_equal(reused["d4"][1], vectors[4])  # the float column: exact
+    group = pq.ParquetFile(tmp_path / relative).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema.split(".")[0]: group.column(i).encodings
+                 for i in range(group.num_columns)}
+    assert any("DICTIONARY" in e for e in encodings["embedding"])  # 8-bit values: a byte each, not four
+    assert not any("DICTIONARY" in e for e in encodings["embedding_float"])
 
 
 @pytest.mark.parametrize("vector_type", ["int8", "uint8", "binary"])

@@ -301,14 +301,17 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                                  **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
                 if chunking is not None:
                     summary.chunking = ChunkTally()
-                    summary.chunking.add_tokenize(chunking.source.release())  # the plan's check, in this process
                     summary.tokenizer = chunking.source.label
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
                 if wave is not None:
                     wave.watch(_all_running(senders))
                 # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
-                quantization = output_quantization(job.output.vector_type, manifest, pending, job.corpus_options(),
-                                                   chunking, senders, reporter)
+                try:
+                    quantization = output_quantization(job.output.vector_type, manifest, pending,
+                                                       job.corpus_options(), chunking, senders, reporter)
+                finally:
+                    if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
+                        summary.chunking.add_tokenize(chunking.source.release())
                 context = _context(job, fleet, kept, chunking, quantization)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
