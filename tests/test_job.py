@@ -63,6 +63,10 @@ def test_minimal_job_gets_every_default(tmp_path: Path) -> None:
                  "auto", id="chunking-max-tokens"),
     pytest.param("corpus:\n  path: x\n  keep_fields: [doc_id]\noutput:\n  path: o\nchunking:\n  strategy: tokens\n",
                  None, None, "'doc_id', a column chunking writes itself", id="chunking-column-clash"),
+    pytest.param("corpus:\n  path: x\noutput:\n  path: o\n  vector_type: int4\n", "output.vector_type", 5,
+                 "'binary'", id="vector-type"),
+    pytest.param("corpus:\n  path: x\noutput:\n  path: o\n  keep_float: true\n", "output", 3,
+                 "with vector_type float32 the embedding column is that vector already", id="keep-float-f32"),
 ])
 def test_bad_job_names_file_key_and_line(tmp_path: Path, text: str, key: str, line: int | None,
                                          words: str) -> None:
@@ -76,6 +80,14 @@ def test_bad_job_names_file_key_and_line(tmp_path: Path, text: str, key: str, li
     assert words in str(error)
     assert str(path) in str(error)
     assert error.exit_code == 2
+
+
+def test_keep_float_joins_the_output_options_only_when_on(tmp_path: Path) -> None:
+    plain = load_job(write(tmp_path, MINIMAL + "  vector_type: int8\n"))
+    assert "output.keep_float" not in plain.output_options()
+    both = load_job(write(tmp_path, MINIMAL + "  vector_type: int8\n  keep_float: true\n"))
+    assert both.output_options()["output.keep_float"] is True
+    assert both.output_fingerprint() != plain.output_fingerprint()
 
 
 def test_chunking_is_off_by_default_and_joins_the_output_options_only_when_on(tmp_path: Path) -> None:

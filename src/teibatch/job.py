@@ -219,10 +219,22 @@ class ClientSection(_Section):
 
 class OutputSection(_Section):
     path: str = Field(min_length=1)
-    vector_type: Literal["float32", "float16"] = "float32"
+    vector_type: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
+    keep_float: bool = False                       # also write the float32 vector (`embedding_float`)
     compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
     row_group_size: int = Field(DEFAULT_ROW_GROUP_SIZE, ge=1)
     storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _float_kept_beside(self) -> OutputSection:
+        if self.keep_float and self.vector_type == "float32":
+            raise ValueError("keep_float writes the float32 vector beside a vector_type of float16, int8, uint8 "
+                             "or binary; with vector_type float32 the embedding column is that vector already")
+        return self
+
+    def output_options(self) -> dict[str, Any]:
+        """The options an output keeps; ``output.keep_float`` only when on (see :meth:`JobSpec.output_options`)."""
+        return {"output.vector_type": self.vector_type, **({"output.keep_float": True} if self.keep_float else {})}
 
 
 CHUNKING_OFF_KEYS = ("max_tokens", "overlap_tokens", "title_field", "prefix", "store_text", "document_vector",
@@ -339,9 +351,9 @@ class JobSpec(_Section):
                 "dimensions": m.dimensions, "on_too_long": m.on_too_long}
 
     def output_options(self) -> dict[str, Any]:
-        """What makes two outputs comparable, by job-file key: the vector options, the reading options
-        and, only when chunking is on, the chunking options (so outputs written without it keep their
-        fingerprint).
+        """What makes two outputs comparable, by job-file key: the vector options, the reading options,
+        the vector type, and only when on ``output.keep_float`` and the chunking options (so outputs
+        written without them keep their fingerprint).
 
         The manifest keeps them beside their digest (:meth:`output_fingerprint`), so that a job whose
         options differ from an output's is refused naming each option that changed.
@@ -349,7 +361,7 @@ class JobSpec(_Section):
         c = self.corpus
         return {**{f"model.{'id' if key == 'model' else key}": value for key, value in self.vector_options().items()},
                 "corpus.id_field": c.id_field, "corpus.text_field": c.text_field,
-                "corpus.keep_fields": list(c.keep_fields), "output.vector_type": self.output.vector_type,
+                "corpus.keep_fields": list(c.keep_fields), **self.output.output_options(),
                 **(self.chunking.output_options() if self.chunking.enabled else {})}
 
     def output_fingerprint(self) -> str:

@@ -13,12 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from teibatch.errors import StorageFull
+from teibatch.quantize import Quantization
 from teibatch.sink import (
     Manifest,
     OutputStore,
     VectorSchema,
     VectorsPart,
     WriteOptions,
+    part_metadata,
+    read_vectors,
     rejects_table,
     remove_stale,
     vectors_table,
@@ -168,3 +171,49 @@ def test_a_full_temporary_directory_is_storage_full_naming_it(tmp_path: Path, mo
     assert caught.value.temporary and caught.value.path == tempfile.gettempdir()
     assert caught.value.exit_code == 1
     assert not (tmp_path / "vectors").exists()  # nothing reached the output
+
+
+@pytest.mark.parametrize(("vector_type", "value_type", "width"), [
+    pytest.param("int8", pa.int8(), 10, id="int8"), pytest.param("uint8", pa.uint8(), 10, id="uint8"),
+    pytest.param("binary", pa.uint8(), 2, id="binary")])
+def test_quantized_part_stores_codes_and_keeps_the_float_vector(tmp_path: Path, vector_type: str,
+                                                                value_type: pa.DataType, width: int) -> None:
+    vectors = np.random.default_rng(3).normal(size=(6, 10)).astype(np.float32)
+    quantization = Quantization.calibrate(vector_type, vectors)
+    schema = VectorSchema(dimension=10, vector_type=vector_type, quantization=quantization, keep_float=True,
+                          kept={"title": pa.string()})
+    table = vectors_table(schema, [f"d{i}" for i in range(6)], vectors, ["h"] * 6, {"title": ["t"] * 6})
+    store = OutputStore(str(tmp_path))
+    relative = write_part(store, "vectors", "s1", table, WriteOptions())
+    read = pq.read_table(tmp_path / relative)
+    assert read.schema.names[:3] == ["id", "embedding", "embedding_float"]
+    assert read.schema.field("embedding").type == pa.list_(pa.field("item", value_type, nullable=False), width)
+    stored = np.array(read.column("embedding").to_pylist(), dtype=quantization.dtype)
+    np.testing.assert_array_equal(stored, quantization.quantize(vectors))
+    np.testing.assert_array_equal(np.array(read.column("embedding_float").to_pylist(), dtype=np.float32), vectors)
+    meta = orjson.loads(read.schema.metadata[METADATA_KEY])
+    assert meta["quantization"] == quantization.to_json() and meta["keep_float"] is True
+    found = part_metadata(store, relative)
+    assert found is not None and found[1] == ("title",)  # the float column is no kept field
+    reused = read_vectors(store, [relative], {"d1", "d4"}, schema)
+    np.testing.assert_array_equal(reused["d4"][1], vectors[4])  # the float column: exact
+    group = pq.ParquetFile(tmp_path / relative).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema.split(".")[0]: group.column(i).encodings
+                 for i in range(group.num_columns)}
+    assert any("DICTIONARY" in e for e in encodings["embedding"])  # 8-bit values: a byte each, not four
+    assert not any("DICTIONARY" in e for e in encodings["embedding_float"])
+
+
+@pytest.mark.parametrize("vector_type", ["int8", "uint8", "binary"])
+def test_reused_quantized_vectors_write_the_same_codes_again(tmp_path: Path, vector_type: str) -> None:
+    # Without the float column, a reused row's vector is its codes' middle value: written again, the same codes.
+    vectors = np.random.default_rng(4).normal(size=(8, 12)).astype(np.float32)
+    schema = VectorSchema(dimension=12, vector_type=vector_type,
+                          quantization=Quantization.calibrate(vector_type, vectors))
+    store = OutputStore(str(tmp_path))
+    first = vectors_table(schema, [f"d{i}" for i in range(8)], vectors, ["h"] * 8, {})
+    relative = write_part(store, "vectors", "s1", first, WriteOptions())
+    reused = read_vectors(store, [relative], {f"d{i}" for i in range(8)}, schema)
+    assert set(reused) == {f"d{i}" for i in range(8)}
+    again = vectors_table(schema, list(reused), np.stack([v for _, v, _ in reused.values()]), ["h"] * 8, {})
+    assert again.column("embedding").to_pylist() == first.column("embedding").to_pylist()

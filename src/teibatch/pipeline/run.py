@@ -28,6 +28,7 @@ from teibatch.errors import (
 )
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
+from teibatch.pipeline.calibration import output_quantization
 from teibatch.pipeline.chunking_setup import chunk_plan, chunking_info, early_counter
 from teibatch.pipeline.chunks import ChunkPlan, ChunkTally
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
@@ -59,6 +60,7 @@ from teibatch.pipeline.senders import (
 from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
+from teibatch.quantize import Quantization
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -299,12 +301,18 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                                  **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
                 if chunking is not None:
                     summary.chunking = ChunkTally()
-                    summary.chunking.add_tokenize(chunking.source.release())  # the plan's check, in this process
                     summary.tokenizer = chunking.source.label
                 senders = start_senders(plans(fleet, fleet.dimension), actors)
                 if wave is not None:
                     wave.watch(_all_running(senders))
-                context = _context(job, fleet, kept, chunking)
+                # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
+                try:
+                    quantization = output_quantization(job.output.vector_type, manifest, pending,
+                                                       job.corpus_options(), chunking, senders, reporter)
+                finally:
+                    if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
+                        summary.chunking.add_tokenize(chunking.source.release())
+                context = _context(job, fleet, kept, chunking, quantization)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
                 wait_from = time.monotonic()
@@ -429,7 +437,8 @@ def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) ->
             "to a new output.path")
 
 
-def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: ChunkPlan | None) -> ShardContext:
+def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: ChunkPlan | None,
+             quantization: Quantization) -> ShardContext:
     corpus = job.corpus_options()
     options = {**job.vector_options(), "model": fleet.model_id}
     metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
@@ -437,7 +446,8 @@ def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: Chun
     if chunking is not None:  # a chunk's hash covers the chunking options too
         metadata["chunking"] = chunking_info(chunking, job)
         hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
-    schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type,
+    schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type, quantization=quantization,
+                          keep_float=job.output.keep_float,
                           kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
                           chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text)
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,

@@ -23,6 +23,8 @@ from teibatch.sink.parts import part_path
 
 NOT_RECORDED = object()
 """A stored value the manifest does not hold (an option newer than the output)."""
+# Options kept only when on (:meth:`JobSpec.output_options`): their value when a manifest or a job lacks them.
+OFF_VALUES: dict[str, Any] = {"output.keep_float": False}
 
 
 def open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manifest:
@@ -76,11 +78,13 @@ def mismatch_message(store: OutputStore, manifest: Manifest, job: JobSpec) -> st
 
 def _differences(stored: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(key, stored value, job's value)`` for each option of ``new`` that ``stored`` holds otherwise or lacks,
-    then each chunking option ``stored`` holds and ``new`` lacks (an output chunked, a job that is not: null)."""
-    changed = [(key, stored.get(key, NOT_RECORDED), value) for key, value in new.items()
-               if stored.get(key, NOT_RECORDED) != value]
-    return changed + [(key, value, None) for key, value in stored.items()
-                      if key.startswith("chunking.") and key not in new]
+    then each chunking option ``stored`` holds and ``new`` lacks (an output chunked, a job that is not: null),
+    and each of :data:`OFF_VALUES` one of them holds on and the other lacks (off)."""
+    changed = [(key, stored.get(key, OFF_VALUES.get(key, NOT_RECORDED)), value) for key, value in new.items()
+               if stored.get(key, OFF_VALUES.get(key, NOT_RECORDED)) != value]
+    return changed + [(key, value, OFF_VALUES.get(key)) for key, value in stored.items()
+                      if (key.startswith("chunking.") or key in OFF_VALUES) and key not in new
+                      and value != OFF_VALUES.get(key)]
 
 
 def _describe(changed: list[tuple[str, Any, Any]]) -> str:

@@ -195,7 +195,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     known: dict[str, tuple[str, np.ndarray, bool]] = {}
     if previous_parts:  # which vectors can be kept is known only once every id is
         fresh = list(fresh)
-        known = read_vectors(store, previous_parts, set(units.ids))
+        known = read_vectors(store, previous_parts, set(units.ids), context.schema)
     to_embed: list[int] = []
     reused: dict[int, tuple[str, np.ndarray, bool]] = {}
 

@@ -25,7 +25,7 @@ from teibatch.sink import REJECTS_DIR, VECTORS_DIR, Manifest, OutputStore, remov
 from teibatch.sink.parts import part_name
 from teibatch.storage_errors import STORAGE_ERRORS
 
-BYTES_PER_VALUE = {"float32": 4, "float16": 2}
+BYTES_PER_VALUE = {"float32": 4, "float16": 2, "int8": 1, "uint8": 1, "binary": 0.125}
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,9 @@ class Manifest:
     """The options ``fingerprint`` digests, by job-file key; ``None`` in a manifest written before they were kept."""
     kept_fields: dict[str, Any] | None = None
     """The kept fields' types, as ``corpus.KeptFields.to_json`` records them (``None`` before they were recorded)."""
+    quantization: dict[str, Any] | None = None
+    """How ``embedding`` is stored (``teibatch.quantize.Quantization.to_json``) for an int8, uint8 or binary
+    output: its calibration, taken once and reused by every later run. ``None`` for float outputs."""
     guard: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called before every write; raises to stop it (the run's lock check, ``sink/lock.py``)."""
 
@@ -72,7 +75,8 @@ class Manifest:
                       for sid, entry in data["shards"].items()}
             return cls(fingerprint=data["fingerprint"], job_name=data["job"], info=data.get("info", {}),
                        shards=shards, runs=list(data.get("runs", [])), planned=list(data.get("planned", [])),
-                       options=data.get("options"), kept_fields=data.get("kept_fields"))
+                       options=data.get("options"), kept_fields=data.get("kept_fields"),
+                       quantization=data.get("quantization"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
                             "restore it or start a new output path") from exc
@@ -102,6 +106,7 @@ class Manifest:
             **({"options": self.options} if self.options is not None else {}),
             "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
             **({"kept_fields": self.kept_fields} if self.kept_fields is not None else {}),
+            **({"quantization": self.quantization} if self.quantization is not None else {}),
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
         def write(handle: IO[bytes]) -> None:
