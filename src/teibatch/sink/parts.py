@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from teibatch.errors import StorageFull
 from teibatch.sink.store import OutputStore
+from teibatch.sparse import SparseVector, join_rows, split_rows
 from teibatch.storage_errors import storage_full
 
 VECTORS_DIR = "vectors"
@@ -28,20 +29,25 @@ REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("deta
 # Columns whose values are (nearly) all different: a dictionary only costs time there (it is tried,
 # then abandoned once it outgrows its page), and vector coordinates' min/max statistics help no reader.
 FIXED_COLUMNS = ("id", "embedding", "content_hash", "truncated")  # then the kept fields, in the job's order
+SPARSE_COLUMNS = ("indices", "values")  # sparse vectors: in place of ``embedding``
 # With chunking, after the fixed columns: where each chunk lies in its document (then ``text`` with
 # chunking.store_text), before the kept fields.
 CHUNK_COLUMNS = (("doc_id", pa.string()), ("chunk_index", pa.int32()), ("chunk_count", pa.int32()),
                  ("char_start", pa.int64()), ("char_end", pa.int64()))
 CHUNK_TEXT_COLUMN = "text"
-UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash"})
-NO_STATISTICS = frozenset({"embedding"})
+UNIQUE_COLUMNS = frozenset({"id", "embedding", "content_hash", *SPARSE_COLUMNS})
+NO_STATISTICS = frozenset({"embedding", *SPARSE_COLUMNS})
 SPILL_COPY_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
 class VectorSchema:
     """The vectors part schema: ``id``, ``embedding``, ``content_hash``, ``truncated``, the chunk
-    columns when ``chunks`` (:data:`CHUNK_COLUMNS`, and ``text`` when ``chunk_text``), the kept fields."""
+    columns when ``chunks`` (:data:`CHUNK_COLUMNS`, and ``text`` when ``chunk_text``), the kept fields.
+
+    With ``sparse``, ``indices`` (``list<int32>``, ascending) and ``values`` (``list<float32>``) stand
+    in place of ``embedding``, and ``dimension`` is the vocabulary size (metadata key ``vocab_size``).
+    """
 
     dimension: int
     vector_type: str = "float32"
@@ -49,6 +55,7 @@ class VectorSchema:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     chunks: bool = False
     chunk_text: bool = False
+    sparse: bool = False
 
     @property
     def value_type(self) -> pa.DataType:
@@ -65,12 +72,21 @@ class VectorSchema:
         return pa.field("embedding", pa.list_(pa.field("item", self.value_type, nullable=False), self.dimension),
                         nullable=False)
 
+    def _vector_fields(self) -> list[pa.Field]:
+        if not self.sparse:
+            return [self._embedding()]
+        return [pa.field(name, pa.list_(pa.field("item", dtype, nullable=False)), nullable=False)
+                for name, dtype in zip(SPARSE_COLUMNS, (pa.int32(), pa.float32()), strict=True)]
+
     def _metadata(self) -> dict[bytes, bytes]:
+        if self.sparse:
+            return {METADATA_KEY: orjson.dumps({**self.metadata, "kind": "sparse", "vocab_size": self.dimension,
+                                                "vector_type": "float32"})}
         return {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
                                             "vector_type": self.vector_type})}
 
     def arrow(self) -> pa.Schema:
-        fields = [pa.field("id", pa.string(), nullable=False), self._embedding(),
+        fields = [pa.field("id", pa.string(), nullable=False), *self._vector_fields(),
                   pa.field("content_hash", pa.string(), nullable=False),
                   pa.field("truncated", pa.bool_(), nullable=False)]
         fields += [pa.field(name, dtype, nullable=False) for name, dtype in self.chunk_columns]
@@ -105,15 +121,16 @@ def part_path(directory: str, shard_id: str) -> str:
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
                   kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None,
                   chunks: Mapping[str, Sequence[Any] | np.ndarray] | None = None) -> pa.Table:
-    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32.
+    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32, or with ``schema.sparse``
+    one :class:`~teibatch.sparse.SparseVector` per row.
 
     ``truncated`` marks texts the client cut or had the server truncate after a refusal
     (``model.on_too_long: truncate``); absent, no row is marked. ``chunks``: the chunk columns'
     values by name, when ``schema.chunks``.
     """
     flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    columns: list[pa.Array] = [_string_array(ids), _embedding_array(schema, vectors), _string_array(hashes),
-                               _bool_array(flags)]
+    vector_columns = _sparse_arrays(vectors) if schema.sparse else [_embedding_array(schema, vectors)]
+    columns: list[pa.Array] = [_string_array(ids), *vector_columns, _string_array(hashes), _bool_array(flags)]
     for name, dtype in schema.chunk_columns:
         values = (chunks or {})[name]
         columns.append(_string_array(values) if dtype == pa.string()  # type: ignore[arg-type]
@@ -136,6 +153,16 @@ def _embedding_array(schema: VectorSchema, vectors: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(
         pa.Array.from_buffers(schema.value_type, values.size, [None, pa.py_buffer(values.reshape(-1))]),
         schema.dimension)
+
+
+def _sparse_arrays(vectors: np.ndarray) -> list[pa.Array]:
+    """``indices`` and ``values`` list arrays of sparse rows, built from their buffers (one copy of each)."""
+    offsets, indices, values = join_rows(vectors)
+    offsets_buffer = pa.py_buffer(offsets.astype(np.int32))
+    return [pa.ListArray.from_buffers(pa.list_(pa.field("item", dtype, nullable=False)), len(vectors),
+                                      [None, offsets_buffer],
+                                      children=[pa.Array.from_buffers(dtype, len(flat), [None, pa.py_buffer(flat)])])
+            for dtype, flat in ((pa.int32(), indices), (pa.float32(), values))]
 
 
 def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[str]) -> pa.Table:
@@ -272,17 +299,19 @@ def warm_up() -> None:
     pa.array(["warm"], pa.string())
 
 
-def read_vectors(store: OutputStore, parts: Sequence[str],
-                 ids: set[str]) -> dict[str, tuple[str, np.ndarray, bool]]:
-    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``.
+def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
+                 sparse: bool = False) -> dict[str, tuple[str, np.ndarray | SparseVector, bool]]:
+    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``;
+    with ``sparse``, each vector a :class:`~teibatch.sparse.SparseVector`.
 
     Parts that have disappeared are skipped: reuse is an optimisation, never a requirement.
     """
-    found: dict[str, tuple[str, np.ndarray, bool]] = {}
+    found: dict[str, tuple[str, np.ndarray | SparseVector, bool]] = {}
+    vector_columns = list(SPARSE_COLUMNS) if sparse else ["embedding"]
     for relative in parts:
         try:
             with store.fs.open(store.path(relative), "rb") as handle:
-                table = pq.read_table(handle, columns=["id", "content_hash", "embedding", "truncated"])
+                table = pq.read_table(handle, columns=["id", "content_hash", *vector_columns, "truncated"])
         except FileNotFoundError:
             continue
         part_ids = table.column("id").to_pylist()
@@ -290,12 +319,18 @@ def read_vectors(store: OutputStore, parts: Sequence[str],
         if not wanted:
             continue
         table = table.take(wanted)
-        embedding = table.column("embedding").combine_chunks()
-        vectors = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
+        vectors: Any
+        if sparse:
+            indices, values = (table.column(name).combine_chunks() for name in SPARSE_COLUMNS)
+            vectors = split_rows(indices.offsets.to_numpy() - indices.offsets[0].as_py(),
+                                 indices.flatten().to_numpy(), values.flatten().to_numpy())
+        else:
+            embedding = table.column("embedding").combine_chunks()
+            vectors = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1).astype(np.float32)
         hashes = table.column("content_hash").to_pylist()
         flags = table.column("truncated").to_pylist()
         for row, doc_id in enumerate(table.column("id").to_pylist()):
-            found[doc_id] = (hashes[row], vectors[row].astype(np.float32), flags[row])
+            found[doc_id] = (hashes[row], vectors[row], flags[row])
     return found
 
 
@@ -308,7 +343,7 @@ def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tu
         metadata = orjson.loads((schema.metadata or {})[METADATA_KEY])
     except (OSError, KeyError, ValueError, pa.ArrowException):
         return None
-    rest = schema.names[len(FIXED_COLUMNS):]
+    rest = schema.names[len(FIXED_COLUMNS) + (len(SPARSE_COLUMNS) - 1 if metadata.get("kind") == "sparse" else 0):]
     if "chunking" in metadata:  # the chunk columns come before the kept fields
         rest = rest[len(CHUNK_COLUMNS) + bool(metadata["chunking"].get("store_text")):]
     return metadata, tuple(rest)

@@ -8,6 +8,10 @@ Decoding is the client's main CPU cost (``docs/client.md`` has the numbers):
 * ``/v1/embeddings`` with ``encoding_format: base64`` answers each vector as base64 of its
   little-endian float32 bytes: ``orjson`` only scans strings, ``binascii`` decodes them, numpy views
   the bytes; about 3× cheaper than the ``/embed`` path.
+* ``/embed_sparse`` answers each text's non-zero entries as ``{"index": i, "value": v}`` objects.
+  Their keys are stripped from the bytes first, so that ``orjson`` parses plain numbers and numpy
+  takes them in one call (:func:`decode_sparse`): no Python object per entry. A body in another
+  layout (keys in another order, spaces) is parsed entry by entry instead.
 
 Anything that is not the expected shape raises :class:`ValueError` (a proxy's HTML page, an empty
 or cut body, base64 that is not base64, rows of different lengths, missing or repeated ``index``);
@@ -19,12 +23,18 @@ Whether the matrix is a right answer (count, dimension, finite, normalized) is
 from __future__ import annotations
 
 import binascii
+import itertools
 
 import numpy as np
 import orjson
 
 ROUTE_EMBED = "embed"
 ROUTE_OPENAI_BASE64 = "openai-base64"
+ROUTE_EMBED_SPARSE = "embed_sparse"
+
+SparseBatch = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""``(offsets, indices, values)``: row ``r``'s entries are ``[offsets[r]:offsets[r + 1]]`` of the flat
+``indices`` (int64, ascending within a row) and ``values`` (float32)."""
 
 
 def decode_vectors(route: str, content: bytes) -> np.ndarray:
@@ -80,3 +90,59 @@ def decode_base64(content: bytes) -> np.ndarray:
 def _base64_size(text: str) -> int:
     """The bytes that padded base64 ``text`` decodes to when every character is in the alphabet."""
     return len(text) // 4 * 3 - text.count("=", -2) if len(text) % 4 == 0 else -1
+
+
+def decode_sparse(content: bytes) -> SparseBatch:
+    """``[[{"index": i, "value": v}, ...], ...]`` → :data:`SparseBatch`, each row sorted by index.
+
+    TEI writes the keys in this order with no spaces (serde's struct order), so removing them leaves
+    ``[[i,v,i,v,...],...]``: one ``orjson`` parse of numbers and one ``np.fromiter`` over them, kept
+    only when there were as many entries as pairs of numbers (a dense answer's bare numbers are not
+    entries). Any other layout fails that fast path and is read entry by entry. Rows
+    whose indices are out of order are sorted; an index twice in a row, or one that is not a whole
+    number, is refused.
+    """
+    stripped = content.replace(b'{"index":', b"").replace(b',"value":', b",").replace(b"}", b"")
+    try:
+        rows = orjson.loads(stripped)
+        offsets, flat = _flat_pairs(rows)
+        pairs = int(offsets[-1]) // 2
+        # Every pair read must have been one {"index","value"} object, not numbers the body held bare.
+        if content.count(b'{"index":') != pairs or content.count(b',"value":') != pairs:
+            raise ValueError("not every number came from an entry")
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        try:
+            rows = [[(entry["index"], entry["value"]) for entry in row] for row in orjson.loads(content)]
+            offsets, flat = _flat_pairs([list(itertools.chain.from_iterable(row)) for row in rows])
+        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a JSON list of sparse vectors ({{index, value}} lists): {exc}") from exc
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes infinite: the client's check refuses it
+        positions, values = flat[0::2], flat[1::2].astype(np.float32)
+    indices = positions.astype(np.int64)
+    if not np.array_equal(indices, positions):
+        raise ValueError("an index that is not a whole number")
+    offsets //= 2
+    # Between two entries of one row the index must grow; a row's first entry follows another row.
+    inner = np.ones(max(len(indices) - 1, 0), dtype=bool)
+    starts = offsets[1:-1]
+    inner[starts[(starts > 0) & (starts < len(indices))] - 1] = False
+    steps = np.diff(indices)
+    if (steps[inner] <= 0).any():
+        rows_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        order = np.lexsort((indices, rows_of))
+        indices, values = indices[order], values[order]
+        if (np.diff(indices)[inner] == 0).any():
+            raise ValueError("the same index twice in one sparse vector")
+    return offsets, indices, values
+
+
+def _flat_pairs(rows: object) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``[i, v, i, v, ...]`` → (offsets into the flat list, every number as float64)."""
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise TypeError("not a list of lists")
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), out=offsets[1:])
+    if (np.diff(offsets) % 2).any():
+        raise ValueError("an entry without its index or its value")
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float64, count=int(offsets[-1]))
+    return offsets, flat
