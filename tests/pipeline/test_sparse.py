@@ -17,11 +17,11 @@ import pytest
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import JobSpecError, OutputMismatch, WrongModelKind
-from teibatch.job import load_job
+from teibatch.job import JobSpec, load_job
 from teibatch.pipeline import run_job
 from teibatch.server import text_digest
 from teibatch.tei.packing import PROBE_TEXT
-from tests.conftest import write_jsonl
+from tests.conftest import write_corpus, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -33,13 +33,6 @@ NO_VIOLATIONS = {"batch_size": 0, "payload": 0, "inflight": 0, "input_length": 0
 def corpus_rows(files: int = 3, per_file: int = 20) -> dict[str, list[dict[str, str]]]:
     return {f"part-{f}.jsonl": [{"id": f"d{f}-{i}", "text": f"file {f} text {i} on topic {i * 7 % 11} and {i % 3}"}
                                 for i in range(per_file)] for f in range(files)}
-
-
-def write_corpus(root: Path, files: dict[str, list[dict[str, str]]]) -> None:
-    for old in root.glob("*.jsonl"):
-        old.unlink()
-    for name, rows in files.items():
-        write_jsonl(root / name, rows)
 
 
 def stats(endpoint: Endpoint) -> dict[str, Any]:
@@ -88,13 +81,20 @@ def splade(tei_servers: Callable[..., list[Endpoint]],
     return endpoint, {"provider": "static", "urls": [endpoint.url], "api_key_env": "SPLADE_KEY"}
 
 
+def sparse_job(tmp_path: Path, job_file: Callable[..., Path], splade: tuple[Endpoint, dict[str, object]],
+               **sections: Any) -> tuple[JobSpec, dict[str, list[dict[str, str]]], Path]:
+    """The job over :func:`corpus_rows` (written to ``corpus/``) in shards of 10, its files, its output."""
+    files = corpus_rows()
+    write_corpus(tmp_path / "corpus", files)
+    job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 10}, splade[1],
+                            **sections))
+    return job, files, tmp_path / "out"
+
+
 def test_a_sparse_run_writes_the_servers_answers_and_resumes_one_shard(
         tmp_path: Path, job_file: Callable[..., Path], splade: tuple[Endpoint, dict[str, object]]) -> None:
-    root, out = tmp_path / "corpus", tmp_path / "out"
-    files = corpus_rows()
-    write_corpus(root, files)
-    endpoint, servers = splade
-    job = load_job(job_file({"path": str(root), "id_field": "id", "shard_docs": 10}, servers))  # model.kind: auto
+    job, files, out = sparse_job(tmp_path, job_file, splade)  # model.kind: auto
+    endpoint = splade[0]
     assert run_job(job).embedded == 60
     live = {row["id"]: row["text"] for rows in files.values() for row in rows}
     assert_rows_are_the_servers(out, endpoint, live)
@@ -128,16 +128,12 @@ def test_a_sparse_run_writes_the_servers_answers_and_resumes_one_shard(
 
 def test_an_incremental_sparse_run_sends_only_changed_and_added_texts(
         tmp_path: Path, job_file: Callable[..., Path], splade: tuple[Endpoint, dict[str, object]]) -> None:
-    root, out = tmp_path / "corpus", tmp_path / "out"
-    files = corpus_rows()
-    write_corpus(root, files)
-    endpoint, servers = splade
-    job = load_job(job_file({"path": str(root), "id_field": "id", "shard_docs": 10}, servers,
-                            mode="incremental", model={"kind": "sparse"}))
+    job, files, out = sparse_job(tmp_path, job_file, splade, mode="incremental", model={"kind": "sparse"})
+    endpoint = splade[0]
     run_job(job)
     files["part-1.jsonl"][4]["text"] = "a rewritten text for d1-4"
     files["part-1.jsonl"].append({"id": "new", "text": "an added text"})
-    write_corpus(root, files)
+    write_corpus(tmp_path / "corpus", files)
     before = Counter(stats(endpoint)["texts"])
     second = run_job(job)
     sent = Counter(stats(endpoint)["texts"]) - before
