@@ -38,6 +38,14 @@ def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
     return path
 
 
+def write_corpus(root: Path, files: dict[str, list[dict[str, str]]]) -> None:
+    """Make ``root`` hold exactly ``files`` (name → rows) as JSON Lines: earlier ``.jsonl`` files go."""
+    for old in root.glob("*.jsonl"):
+        old.unlink()
+    for name, rows in files.items():
+        write_jsonl(root / name, rows)
+
+
 @pytest.fixture
 def small_corpus(tmp_path: Path) -> Path:
     """40 documents in two jsonl files, some texts repeated."""

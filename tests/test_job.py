@@ -168,6 +168,27 @@ def test_output_options_name_what_the_fingerprint_digests(tmp_path: Path) -> Non
     assert load_job(write(tmp_path, MINIMAL)).output_fingerprint() == "21f087594bdbe65c"
 
 
+@pytest.mark.parametrize(("setting", "says"), [
+    pytest.param("model.dimensions=64", "remove model.dimensions", id="dimensions"),
+    pytest.param("output.vector_type=float16", "output.vector_type float16 is for dense vectors", id="vector-type"),
+    pytest.param("client.route=embed", "client.route embed is a dense route", id="route"),
+    pytest.param("chunking.document_vector=mean", "chunking.document_vector: mean averages dense vectors",
+                 id="document-vector"),
+])
+def test_sparse_vectors_refuse_options_that_only_apply_to_dense_ones(tmp_path: Path, setting: str, says: str) -> None:
+    extra = ["chunking.strategy=tokens"] if setting.startswith("chunking.") else []
+    load_job(write(tmp_path, MINIMAL), [setting, *extra])  # fine for dense vectors, and for auto until a SPLADE model
+    with pytest.raises(JobSpecError, match=says) as caught:
+        load_job(write(tmp_path, MINIMAL), ["model.kind=sparse", setting, *extra])
+    assert caught.value.exit_code == 2
+
+
+def test_model_kind_leaves_the_fingerprint_alone(tmp_path: Path) -> None:
+    fingerprints = {load_job(write(tmp_path, MINIMAL), [f"model.kind={kind}"]).output_fingerprint()
+                    for kind in ("auto", "dense", "sparse")}
+    assert fingerprints == {load_job(write(tmp_path, MINIMAL)).output_fingerprint()}
+
+
 def test_shipped_jobs_are_valid() -> None:
     for path in sorted((Path(__file__).parent.parent / "jobs").glob("*.yaml")):
         load_job(path, environ={"TEI_API_KEY": "x", "GPU_HOST_1": "127.0.0.1", "GPU_HOST_2": "127.0.0.1"})

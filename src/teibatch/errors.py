@@ -15,7 +15,7 @@ The hierarchy::
     │   ├── TeiUnavailable      503, 5xx, refused/reset connections, timeouts
     │   │   └── ServerFault     200 with a wrong answer: count, dimension, NaN/Inf, not normalized, not JSON
     │   ├── TeiAuthError        401: missing or wrong API key (exit code 3)
-    │   ├── WrongModelKind      424: the server does not serve an embedding model (exit code 3)
+    │   ├── WrongModelKind      424: not an embedding model, or not the kind asked (exit code 3)
     │   └── TeiRequestError     any other 4xx: the request itself is wrong
     ├── SinkError               the output cannot be written or its manifest is unreadable
     │   ├── OutputUnwritable    the output path cannot be written, found before any work (exit code 2)
@@ -202,9 +202,12 @@ class TeiAuthError(TeiError):
 
 
 class WrongModelKind(TeiError):
-    """424 ``Model is not an embedding model``: the server serves a reranker or classifier.
+    """424 ``Model is not an embedding model``: the server serves a reranker or classifier; or a SPLADE
+    model asked for dense vectors (``model.kind: dense``), or another model asked for sparse ones
+    (``model.kind: sparse``).
 
-    Point the job at a server launched with an embedding model.
+    Point the job at a server launched with an embedding model, or set ``model.kind`` to what it
+    serves (``auto`` takes either).
     """
 
     exit_code = EXIT_REFUSED

@@ -67,6 +67,7 @@ class ModelSection(_Section):
     prompt_name: str | None = None
     dimensions: int | None = Field(None, ge=1)
     on_too_long: Literal["reject", "truncate"] = "reject"
+    kind: Literal["auto", "dense", "sparse"] = "auto"  # auto: sparse when the servers serve a SPLADE model
 
 
 class SshHostSection(_Section):
@@ -320,6 +321,30 @@ class JobSpec(_Section):
     limits: LimitsSection = LimitsSection()
     export: ExportSection = ExportSection()
     chunking: ChunkingSection = ChunkingSection()
+
+    @model_validator(mode="after")
+    def _sparse_fits(self) -> JobSpec:
+        if self.model.kind == "sparse" and (conflicts := self.sparse_conflicts()):
+            raise ValueError(conflicts[0])
+        return self
+
+    def sparse_conflicts(self) -> list[str]:
+        """What in this job cannot apply to sparse vectors (``model.kind: sparse``, or ``auto`` meeting a
+        SPLADE model), one sentence each naming the key; empty when nothing."""
+        conflicts = []
+        if self.model.dimensions is not None:
+            conflicts.append("model.dimensions cuts dense vectors; sparse ones (model.kind: sparse) have no "
+                             "such option: remove model.dimensions")
+        if self.output.vector_type != "float32":
+            conflicts.append(f"output.vector_type {self.output.vector_type} is for dense vectors; sparse ones "
+                             "(model.kind: sparse) are written as float32 values: remove output.vector_type")
+        if self.client.route != "auto":
+            conflicts.append(f"client.route {self.client.route} is a dense route; sparse vectors (model.kind: "
+                             "sparse) come from /embed_sparse: set client.route: auto")
+        if self.chunking.document_vector != "none":
+            conflicts.append("chunking.document_vector: mean averages dense vectors; with sparse ones "
+                             "(model.kind: sparse) set it to none")
+        return conflicts
 
     @model_validator(mode="after")
     def _chunk_columns_free(self) -> JobSpec:

@@ -16,7 +16,7 @@ from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.tei.packing import PROBE_TEXT
-from tests.conftest import write_jsonl
+from tests.conftest import write_corpus, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -27,13 +27,6 @@ PER_FILE = 50
 def corpus_rows() -> dict[str, list[dict[str, str]]]:
     return {f"part-{f}.jsonl": [{"id": f"d{f}-{i}", "text": f"file {f} document {i} says hello {i * 7 % 13}"}
                                 for i in range(PER_FILE)] for f in range(FILES)}
-
-
-def write_corpus(root: Path, files: dict[str, list[dict[str, str]]]) -> None:
-    for old in root.glob("*.jsonl"):
-        old.unlink()
-    for name, rows in files.items():
-        write_jsonl(root / name, rows)
 
 
 def received(endpoint: Endpoint) -> dict[str, int]:

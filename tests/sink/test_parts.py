@@ -28,6 +28,7 @@ from teibatch.sink import (
     write_part,
 )
 from teibatch.sink.parts import METADATA_KEY
+from teibatch.sparse import SparseVector, sparse_rows
 
 
 @pytest.mark.parametrize("vector_type", [pytest.param("float32", id="f32"), pytest.param("float16", id="f16")])
@@ -47,6 +48,28 @@ def test_vectors_part_schema_and_values(tmp_path: Path, vector_type: str) -> Non
     np.testing.assert_allclose(got, vectors, rtol=1e-3)
     meta = orjson.loads(read.schema.metadata[METADATA_KEY])
     assert meta == {"model_id": "m", "dimension": 4, "vector_type": vector_type}
+
+
+def test_sparse_part_round_trips_through_read_vectors_and_names_its_kept_fields(tmp_path: Path) -> None:
+    schema = VectorSchema(dimension=30522, kept={"title": pa.string()}, metadata={"model_id": "m"}, sparse=True)
+    rows = [SparseVector(np.array([3, 17, 30521], dtype=np.int32), np.array([0.5, 1.5, 2.5], dtype=np.float32)),
+            SparseVector(np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)),
+            SparseVector(np.array([0], dtype=np.int32), np.array([7.0], dtype=np.float32))]
+    vectors = sparse_rows(3)
+    vectors[:] = rows
+    table = vectors_table(schema, ["a", "b", "c"], vectors, ["h1", "h2", "h3"], {"title": ["x", None, "z"]},
+                          truncated=[False, True, False])
+    store = OutputStore(str(tmp_path))
+    relative = write_part(store, "vectors", "s1", table, WriteOptions())
+    read = pq.read_table(tmp_path / relative)
+    assert read.schema.names == ["id", "indices", "values", "content_hash", "truncated", "title"]
+    assert read.column("indices").to_pylist() == [[3, 17, 30521], [], [0]]
+    assert read.column("values").to_pylist() == [[0.5, 1.5, 2.5], [], [7.0]]
+    meta = orjson.loads(read.schema.metadata[METADATA_KEY])
+    assert meta == {"model_id": "m", "kind": "sparse", "vocab_size": 30522, "vector_type": "float32"}
+    found = read_vectors(store, [relative], {"a", "b", "c"}, schema)
+    assert found == {"a": ("h1", rows[0], False), "b": ("h2", rows[1], True), "c": ("h3", rows[2], False)}
+    assert part_metadata(store, relative) == (meta, ("title",))
 
 
 def test_unique_columns_are_written_plainly_and_kept_fields_with_dictionaries(tmp_path: Path) -> None:

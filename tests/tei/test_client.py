@@ -13,7 +13,8 @@ import pytest
 from teibatch.endpoint import Endpoint
 from teibatch.errors import ServerFault, TeiAuthError, TeiUnavailable, WrongModelKind
 from teibatch.server import HashingEmbedder
-from teibatch.tei import ROUTE_EMBED, ROUTE_OPENAI_BASE64, EmbedOptions, RequestPacker, TeiClient
+from teibatch.sparse import SparseVector
+from teibatch.tei import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64, EmbedOptions, RequestPacker, TeiClient
 from teibatch.tei.client import DEFAULT_TIMEOUT_S, MIN_TOKENS_PER_S
 from tests.tei.conftest import ServerHandle, free_port
 
@@ -26,7 +27,8 @@ def call(url: str, route: str = ROUTE_EMBED, *, key: str | None = None, timeout:
     async def main() -> np.ndarray:
         async with httpx.AsyncClient() as http:
             client = TeiClient(Endpoint(url, key), http, timeout=timeout, api_key_env=api_key_env)
-            packer = RequestPacker(route, EmbedOptions(), max_batch_size=32, payload_limit=2_000_000)
+            options = EmbedOptions(normalize=route != ROUTE_EMBED_SPARSE)
+            packer = RequestPacker(route, options, max_batch_size=32, payload_limit=2_000_000)
             (batch,) = packer.pack(enumerate(texts))
             return await asyncio.wait_for(client.embed(batch.request), 30)
 
@@ -140,3 +142,49 @@ def test_embed_returns_only_checked_vectors() -> None:
     with pytest.raises(ServerFault, match="answered 384-dimension vectors, expected 1024") as caught:
         asyncio.run(main(expected_dimension=1024))
     assert caught.value.kind == "wrong dimension"
+
+
+def test_embed_sparse_gives_the_servers_entries_per_text(tei: Start) -> None:
+    server = tei(pooling="splade")
+    rows = call(server.url, ROUTE_EMBED_SPARSE)
+    want = HashingEmbedder(384).embed_sparse(TEXTS)
+    assert rows.shape == (len(TEXTS),)
+    for row, (indices, values) in zip(rows, want, strict=True):
+        assert row == SparseVector(indices.astype(np.int32), values)
+        assert (row.indices.dtype, row.values.dtype) == (np.int32, np.float32)
+
+
+@pytest.mark.parametrize(("answer", "kind", "says"), [
+    pytest.param([[{"index": 5, "value": 1.0}]] * 2, "wrong count", "2 sparse vectors for 3 inputs", id="count"),
+    pytest.param([[{"index": 30522, "value": 1.0}], [], []], "wrong dimension", "index 30522, outside the "
+                 "vocabulary of 30522", id="index-beyond-the-vocabulary"),
+    pytest.param([[], [{"index": 1, "value": 1e39}], []], "non-finite", "the first for input 1",
+                 id="beyond-float32"),
+])
+def test_embed_sparse_returns_only_checked_vectors(answer: list[list[dict[str, float]]], kind: str,
+                                                   says: str) -> None:
+    packer = RequestPacker(ROUTE_EMBED_SPARSE, EmbedOptions(), max_batch_size=32, payload_limit=2_000_000)
+    (batch,) = packer.pack(enumerate(TEXTS))
+    body = orjson.dumps(answer)
+
+    async def main() -> np.ndarray:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+        async with httpx.AsyncClient(transport=transport) as http:
+            return await TeiClient(Endpoint("http://127.0.0.1:9"), http, expected_dimension=30522).embed(batch.request)
+
+    with pytest.raises(ServerFault, match=says) as caught:
+        asyncio.run(main())
+    assert caught.value.kind == kind
+
+
+def test_dense_vectors_asked_of_a_splade_model_name_model_kind(tei: Start) -> None:
+    server = tei(pooling="splade", model_id="naver/splade-v3")
+    with pytest.raises(WrongModelKind, match=r"naver/splade-v3, an embedding model with splade pooling.*"
+                                             r"set model\.kind: sparse"):
+        call(server.url)
+
+
+def test_sparse_vectors_asked_of_a_dense_model_name_the_fix(tei: Start) -> None:
+    server = tei(model_id="org/dense")
+    with pytest.raises(WrongModelKind, match=r"cannot give sparse vectors.*SPLADE model, or set model\.kind: dense"):
+        call(server.url, ROUTE_EMBED_SPARSE)

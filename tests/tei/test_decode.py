@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from teibatch.tei import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
+from teibatch.tei import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_sparse, decode_vectors
 
 VECTORS = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
 
@@ -75,3 +75,31 @@ def test_indexes_other_than_0_to_n_are_refused(order: list[int]) -> None:
                                          pytest.param(ROUTE_OPENAI_BASE64, b'{"data": []}', id="base64")])
 def test_no_vectors_is_an_empty_matrix_for_the_count_check(route: str, body: bytes) -> None:
     assert decode_vectors(route, body).shape == (0, 0)
+
+
+def sparse_body(rows: list[list[tuple[int, float]]], layout: str = '{{"index":{},"value":{}}}') -> bytes:
+    return ("[" + ",".join("[" + ",".join(layout.format(i, v) for i, v in row) + "]" for row in rows) + "]").encode()
+
+
+@pytest.mark.parametrize("layout", [pytest.param('{{"index":{},"value":{}}}', id="teis-layout"),
+                                    pytest.param('{{ "value": {1}, "index": {0} }}', id="other-key-order-and-spaces")])
+def test_sparse_rows_come_back_sorted_by_index_whatever_the_layout(layout: str) -> None:
+    rows = [[(7, 0.5), (2, 1.25), (30521, 3e-5)], [], [(0, 2.0)], [(9, 0.1), (4, 0.2)]]
+    offsets, indices, values = decode_sparse(sparse_body(rows, layout))
+    assert offsets.tolist() == [0, 3, 3, 4, 6]
+    assert indices.tolist() == [2, 7, 30521, 0, 4, 9]
+    np.testing.assert_array_equal(values, np.array([1.25, 0.5, 3e-5, 2.0, 0.2, 0.1], dtype=np.float32))
+    assert (indices.dtype, values.dtype) == (np.int64, np.float32)
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"<html>Bad Gateway</html>", id="html"),
+    pytest.param(b'[[{"index":3,"value":1.0},{"index":3,"value":2.0}]]', id="index-twice"),
+    pytest.param(b'[[{"index":1.5,"value":1.0}]]', id="fractional-index"),
+    pytest.param(b'[[{"index":1}]]', id="no-value"),
+    pytest.param(b'[[1.0, 2.0]]', id="dense-vectors"),
+    pytest.param(b'[{"index":1,"value":1.0}]', id="not-a-list-per-text"),
+])
+def test_what_is_not_sparse_vectors_is_a_value_error(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_sparse(body)

@@ -18,7 +18,8 @@ import pytest
 from teibatch.errors import CapacityUnavailable, TeiAuthError, TeiOverloaded, WrongModelKind
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.tokens import ApproxTokenizer
-from teibatch.tei import ROUTE_EMBED, ROUTE_OPENAI_BASE64, ClientLimits, EmbedOptions
+from teibatch.sparse import SparseVector
+from teibatch.tei import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64, ClientLimits, EmbedOptions
 from teibatch.tei.embedder import MAX_OVERLOAD_RETRIES
 from tests.tei.conftest import TINY, ZERO_VIOLATIONS, Embedded, ServerHandle, corpus, embed, when
 
@@ -55,6 +56,21 @@ def test_tiny_limits_every_text_once_with_its_vector(tei: Start, route: str) -> 
     embedded = assert_within_limits(*servers)
     assert embedded == Counter(text_digest(t) for t in texts)  # exactly once, over both servers
     assert all(s["inputs"] > 50 for s in done.stats.values())  # both servers worked
+
+
+def test_sparse_vectors_keep_the_same_limits_and_come_back_at_their_texts(tei: Start) -> None:
+    servers = [tei(**TINY, pooling="splade", api_key="k", record_texts=True) for _ in range(2)]
+    texts = corpus(200)
+    texts[7] = ""  # refused alone, as on /embed
+    done = embed([s.url for s in servers], texts, key="k", route=ROUTE_EMBED_SPARSE)
+    assert [(f.position, f.reason) for f in done.result.failures] == [(7, "empty_text")]
+    want = HashingEmbedder(384).embed_sparse(texts)
+    for position, (indices, values) in enumerate(want):
+        if position != 7:
+            assert done.result.vectors[position] == SparseVector(indices.astype(np.int32), values)
+    embedded = assert_within_limits(*servers)
+    assert embedded == Counter(text_digest(t) for t in texts if t)  # exactly once, over both servers
+    assert all(s["inputs"] > 50 for s in done.stats.values())
 
 
 def test_429_503_500_are_resent_and_nothing_is_embedded_twice(tei: Start) -> None:

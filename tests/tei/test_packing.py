@@ -5,6 +5,7 @@ import pytest
 
 from teibatch.tei import (
     ROUTE_EMBED,
+    ROUTE_EMBED_SPARSE,
     ROUTE_OPENAI_BASE64,
     EmbedOptions,
     RequestPacker,
@@ -87,6 +88,30 @@ def test_auto_route(options: EmbedOptions, auto_truncate: bool, route: str) -> N
 def test_old_servers_get_embed_not_base64() -> None:
     old = ServerInfo.from_json({**INFO.to_json(), "version": "1.2.3"})
     assert choose_route("auto", EmbedOptions(), old) == ROUTE_EMBED
+
+
+SPLADE = ServerInfo.from_json({**INFO.to_json(), "model_type": {"embedding": {"pooling": "splade"}}})
+
+
+@pytest.mark.parametrize(("kind", "info", "route"), [
+    pytest.param("auto", SPLADE, ROUTE_EMBED_SPARSE, id="auto-splade-server"),
+    pytest.param("auto", INFO, ROUTE_OPENAI_BASE64, id="auto-dense-server"),
+    pytest.param("sparse", SPLADE, ROUTE_EMBED_SPARSE, id="sparse"),
+    pytest.param("dense", SPLADE, ROUTE_OPENAI_BASE64, id="dense-asked-of-a-splade-server"),
+])
+def test_sparse_vectors_take_embed_sparse(kind: str, info: ServerInfo, route: str) -> None:
+    assert choose_route("auto", EmbedOptions(kind=kind), info) == route
+
+
+def test_sparse_body_has_no_dense_options_and_truncating_stays_sparse() -> None:
+    options = EmbedOptions(truncate=False, normalize=True, dimensions=8, prompt_name="query", kind="sparse")
+    packer = RequestPacker(ROUTE_EMBED_SPARSE, options, max_batch_size=4, payload_limit=10**6)
+    (batch,) = packer.pack([(0, "x"), (1, "y")])
+    assert orjson.loads(batch.request.body) == {"inputs": ["x", "y"], "truncate": False,
+                                                "truncation_direction": "Right", "prompt_name": "query"}
+    again = packer.truncating()
+    assert again.route == ROUTE_EMBED_SPARSE
+    assert orjson.loads(again.request([orjson.dumps("x")], 1).body)["truncate"] is True
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])

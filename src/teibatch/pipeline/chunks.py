@@ -38,6 +38,7 @@ from teibatch.corpus import (
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.endpoint import Endpoint
 from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
+from teibatch.sparse import SparseVector, vector_rows
 from teibatch.tei import EmbedResult
 from teibatch.tei.info import ClientLimits
 from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
@@ -303,7 +304,8 @@ class Units:
         return f"chunk {self.index[unit]} of {self.count[unit]} ({self.ids[unit]}): "
 
 
-Reused = dict[int, tuple[str, np.ndarray, bool]]
+Vector = np.ndarray | SparseVector
+Reused = dict[int, tuple[str, Vector, bool]]
 """Units whose vector an earlier run's part holds: unit → (content hash, vector, truncated)."""
 
 
@@ -345,7 +347,7 @@ class RowsInOrder:
             result = embedded[1]  # no reused one among them
             vectors, ok, truncated = result.vectors, result.ok, result.truncated
         else:
-            vectors = np.zeros((end - first, self._schema.dimension), dtype=np.float32)
+            vectors = vector_rows(end - first, self._schema.dimension, self._schema.sparse)
             ok = np.zeros(end - first, dtype=bool)
             truncated = np.zeros(end - first, dtype=bool)
             if embedded is not None:

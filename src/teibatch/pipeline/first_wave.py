@@ -39,7 +39,8 @@ import numpy as np
 import orjson
 
 from teibatch.pipeline.senders import ServerClients, ServerPlan
-from teibatch.tei import EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient
+from teibatch.sparse import vector_rows
+from teibatch.tei import ROUTE_EMBED_SPARSE, EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient
 from teibatch.tei.pool import ServerStats
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,8 @@ class _Sending:
         self.landed, self.released, self.deposit = landed, released, deposit
         self.budgets = [_Budget(p.limits.max_inflight_inputs, p.limits.max_requests) for p in wave.servers]
         self.waiting = deque(wave.requests)
-        self.vectors = [np.zeros((len(texts), dimension), dtype=np.float32) for texts in wave.chunks]
+        sparse = wave.requests[0].request.route == ROUTE_EMBED_SPARSE  # one route for the whole wave
+        self.vectors = [vector_rows(len(texts), dimension, sparse) for texts in wave.chunks]
         self.ok = [np.zeros(len(texts), dtype=bool) for texts in wave.chunks]
         self.open_requests = [0] * len(wave.chunks)  # waiting or on their way
         for wave_request in wave.requests:

@@ -20,6 +20,7 @@ from teibatch.errors import (
     CapacityUnavailable,
     CorpusMismatch,
     DimensionMismatch,
+    JobSpecError,
     RunIncomplete,
     StorageFull,
     TeiAuthError,
@@ -43,7 +44,7 @@ from teibatch.pipeline.providers import fleet_record, fleet_session, provider_fo
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
-from teibatch.pipeline.same_output import open_manifest
+from teibatch.pipeline.same_output import check_vector_kind, open_manifest
 from teibatch.pipeline.senders import (
     SenderPlan,
     SenderRef,
@@ -71,6 +72,7 @@ from teibatch.sink import (
     remove_uncommitted_temp,
 )
 from teibatch.sink import write_report as save_report
+from teibatch.sparse import KIND_DENSE, KIND_SPARSE
 from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 store: OutputStore, provider: Provider, lock: OutputLock, probe: CorpusProbe) -> RunSummary:
     """The run, once it holds the output's lock: every manifest write first checks it still does."""
     manifest = open_manifest(store, job, reporter)
+    check_vector_kind(store, manifest, job.model.kind)
     manifest.guard = lock.check
     manifest.runs.append(summary.run_id)
     shards: list[Shard] = []
@@ -230,7 +233,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
-                           on_too_long=job.model.on_too_long)
+                           on_too_long=job.model.on_too_long, kind=job.model.kind)
     counter = early_counter(job)  # a tokenizer that cannot be found stops the run before any server starts
     if supports(provider, Capability.SWEEP):
         ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
@@ -289,14 +292,16 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
                                 api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
                                 before_probe=before_probe)
-                _check_same_vectors(manifest, fleet, store)  # servers the output cannot take get no work
+                _check_same_vectors(manifest, fleet, store, job)  # servers the output cannot take get no work
                 if wave is not None:
                     wave.go(fleet.dimension)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
                 chunking = (chunk_plan(job, fleet, counter, [_limits(job, s) for s in fleet.servers])
                             if job.chunking.enabled else None)
-                manifest.info = {"model_id": fleet.model_id, "dimension": fleet.dimension, "route": fleet.route,
+                size = ({"kind": KIND_SPARSE, "vocab_size": fleet.dimension} if fleet.sparse
+                        else {"dimension": fleet.dimension})
+                manifest.info = {"model_id": fleet.model_id, **size, "route": fleet.route,
                                  "servers": [s.info.to_json() for s in fleet.servers],
                                  **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
                 if chunking is not None:
@@ -425,11 +430,17 @@ def _as_shard_work(function: Callable[..., Any]) -> Any:
     return task
 
 
-def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore) -> None:
-    """The first commit fixes the output's model and dimension; servers that differ stop the run here."""
+def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore, job: JobSpec) -> None:
+    """The first commit fixes the output's model, kind and dimension; servers that differ stop the run
+    here, as does a job with options sparse vectors do not take when the servers turn out to give them."""
+    if fleet.sparse and (conflicts := job.sparse_conflicts()):
+        raise JobSpecError(f"the servers serve {fleet.model_id}, a SPLADE model (model.kind: {job.model.kind}): "
+                           f"{conflicts[0]}", key="model.kind")
+    check_vector_kind(store, manifest, KIND_SPARSE if fleet.sparse else KIND_DENSE)
     if not manifest.shards or not manifest.info:
         return
-    dimension, model = manifest.info.get("dimension"), manifest.info.get("model_id")
+    dimension = manifest.info.get("vocab_size" if fleet.sparse else "dimension")
+    model = manifest.info.get("model_id")
     if dimension not in (None, fleet.dimension) or model not in (None, fleet.model_id):
         raise DimensionMismatch(
             f"{store.url} holds {dimension}-dimension vectors of {model}, but the servers give {fleet.dimension}-"
@@ -441,6 +452,8 @@ def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: Chun
              quantization: Quantization) -> ShardContext:
     corpus = job.corpus_options()
     options = {**job.vector_options(), "model": fleet.model_id}
+    if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep their hashes)
+        options["kind"] = KIND_SPARSE
     metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
     hash_options = options
     if chunking is not None:  # a chunk's hash covers the chunking options too
@@ -449,7 +462,8 @@ def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: Chun
     schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type, quantization=quantization,
                           keep_float=job.output.keep_float,
                           kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
-                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text)
+                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text,
+                          sparse=fleet.sparse)
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,

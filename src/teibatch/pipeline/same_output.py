@@ -20,6 +20,7 @@ from teibatch.job import JobSpec
 from teibatch.pipeline.progress import Reporter
 from teibatch.sink import VECTORS_DIR, Manifest, OutputStore, part_metadata, remove_stale
 from teibatch.sink.parts import part_path
+from teibatch.sparse import KIND_AUTO, KIND_DENSE
 
 NOT_RECORDED = object()
 """A stored value the manifest does not hold (an option newer than the output)."""
@@ -48,6 +49,23 @@ def open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manif
         remove_stale(store, fresh, live=set())
         return fresh
     raise OutputMismatch(mismatch_message(store, manifest, job))
+
+
+def check_vector_kind(store: OutputStore, manifest: Manifest, kind: str) -> None:
+    """Refuse sparse vectors (``kind``) into an output of dense ones, or the other way round.
+
+    ``model.kind`` is not among the fingerprinted options (outputs written before it existed keep
+    their fingerprint, and ``auto`` is known only once the servers are met); the kind of an output's
+    vectors is in its manifest's info (no ``kind``: dense), checked here before any server starts when
+    the job names a kind, and again once the servers have shown theirs.
+    """
+    stored = manifest.info.get("kind", KIND_DENSE) if manifest.info else None
+    if kind == KIND_AUTO or stored in (None, kind) or not any(entry.rows for entry in manifest.shards.values()):
+        return
+    raise OutputMismatch(
+        f"{store.url} holds {stored} vectors (job {manifest.job_name!r}): model.kind: stored {_value(stored)}, "
+        f"this job {_value(kind)}. Mixing them would give inconsistent vectors: run with --set model.kind={stored} "
+        "against servers of the output's model, write to a new output.path, or delete the old output first")
 
 
 def mismatch_message(store: OutputStore, manifest: Manifest, job: JobSpec) -> str:

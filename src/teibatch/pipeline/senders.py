@@ -58,6 +58,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, TeibatchError
 from teibatch.pipeline.admission import OldestFirst
 from teibatch.pipeline.head_start import HeadStart, texts_digest
+from teibatch.sparse import vector_rows
 from teibatch.tei import (
     ClientLimits,
     EmbedOptions,
@@ -744,7 +745,7 @@ def _merge(parts: Iterable[tuple[int, EmbedResult]], dimension: int) -> EmbedRes
     """One result for every text from the chunks' results, given in order."""
     ordered = list(parts)
     count = sum(len(part.ok) for _, part in ordered)
-    vectors = np.zeros((count, dimension), dtype=np.float32)
+    vectors = vector_rows(count, dimension, sparse=any(part.vectors.dtype == object for _, part in ordered))
     ok = np.zeros(count, dtype=bool)
     truncated = np.zeros(count, dtype=bool)
     failures: list[Failure] = []

@@ -27,7 +27,7 @@ import ray
 from teibatch.corpus import Document, Reject, Shard, read_shard
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
-from teibatch.pipeline.chunks import ChunkTally, RowsInOrder, Units, limit_tokenizer_threads
+from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.senders import SenderRef, embedded_in_order
@@ -192,12 +192,12 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     store = OutputStore(context.output, context.output_options)
     fresh: Iterable[tuple[int, str]] = units.expand(read_documents(), documents, rejects)
-    known: dict[str, tuple[str, np.ndarray, bool]] = {}
+    known: dict[str, tuple[str, Vector, bool]] = {}
     if previous_parts:  # which vectors can be kept is known only once every id is
         fresh = list(fresh)
         known = read_vectors(store, previous_parts, set(units.ids), context.schema)
     to_embed: list[int] = []
-    reused: dict[int, tuple[str, np.ndarray, bool]] = {}
+    reused: Reused = {}
 
     def texts_to_embed() -> Iterator[str]:
         for unit, text in fresh:

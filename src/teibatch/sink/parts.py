@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from teibatch.errors import StorageFull
 from teibatch.quantize import Quantization
 from teibatch.sink.store import OutputStore
+from teibatch.sparse import SparseVector, join_rows, split_rows
 from teibatch.storage_errors import storage_full
 
 VECTORS_DIR = "vectors"
@@ -31,13 +32,14 @@ REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("deta
 FIXED_COLUMNS = ("id", "embedding", "content_hash", "truncated")  # then the kept fields, in the job's order
 # With output.keep_float, right after ``embedding``: the float32 vector the stored one was quantized from.
 FLOAT_COLUMN = "embedding_float"
+SPARSE_COLUMNS = ("indices", "values")  # sparse vectors: in place of ``embedding``
 # With chunking, after the fixed columns: where each chunk lies in its document (then ``text`` with
 # chunking.store_text), before the kept fields.
 CHUNK_COLUMNS = (("doc_id", pa.string()), ("chunk_index", pa.int32()), ("chunk_count", pa.int32()),
                  ("char_start", pa.int64()), ("char_end", pa.int64()))
 CHUNK_TEXT_COLUMN = "text"
-UNIQUE_COLUMNS = frozenset({"id", "embedding", FLOAT_COLUMN, "content_hash"})
-NO_STATISTICS = frozenset({"embedding", FLOAT_COLUMN})
+UNIQUE_COLUMNS = frozenset({"id", "embedding", FLOAT_COLUMN, "content_hash", *SPARSE_COLUMNS})
+NO_STATISTICS = frozenset({"embedding", FLOAT_COLUMN, *SPARSE_COLUMNS})
 VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
                "binary": pa.uint8()}
 SPILL_COPY_BYTES = 8 << 20
@@ -50,7 +52,11 @@ class VectorSchema:
     when ``chunk_text``), the kept fields.
 
     ``quantization``: how ``embedding`` is stored; an ``int8``/``uint8`` one holds the output's
-    calibration. Without it, ``vector_type`` must not need one."""
+    calibration. Without it, ``vector_type`` must not need one.
+
+    With ``sparse``, ``indices`` (``list<int32>``, ascending) and ``values`` (``list<float32>``) stand
+    in place of ``embedding``, and ``dimension`` is the vocabulary size (metadata key ``vocab_size``).
+    """
 
     dimension: int
     vector_type: str = "float32"
@@ -60,6 +66,7 @@ class VectorSchema:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     chunks: bool = False
     chunk_text: bool = False
+    sparse: bool = False
 
     @property
     def value_type(self) -> pa.DataType:
@@ -87,7 +94,16 @@ class VectorSchema:
                                                           self.dimension), nullable=False))
         return fields
 
+    def _vector_fields(self) -> list[pa.Field]:
+        if not self.sparse:
+            return self._embedding()
+        return [pa.field(name, pa.list_(pa.field("item", dtype, nullable=False)), nullable=False)
+                for name, dtype in zip(SPARSE_COLUMNS, (pa.int32(), pa.float32()), strict=True)]
+
     def _metadata(self) -> dict[bytes, bytes]:
+        if self.sparse:
+            return {METADATA_KEY: orjson.dumps({**self.metadata, "kind": "sparse", "vocab_size": self.dimension,
+                                                "vector_type": "float32"})}
         rule = self.rule
         quantized = {"quantization": rule.to_json()} if rule.vector_type not in ("float32", "float16") else {}
         return {METADATA_KEY: orjson.dumps({**self.metadata, "dimension": self.dimension,
@@ -95,7 +111,7 @@ class VectorSchema:
                                             **({"keep_float": True} if self.keep_float else {})})}
 
     def arrow(self) -> pa.Schema:
-        fields = [pa.field("id", pa.string(), nullable=False), *self._embedding(),
+        fields = [pa.field("id", pa.string(), nullable=False), *self._vector_fields(),
                   pa.field("content_hash", pa.string(), nullable=False),
                   pa.field("truncated", pa.bool_(), nullable=False)]
         fields += [pa.field(name, dtype, nullable=False) for name, dtype in self.chunk_columns]
@@ -130,15 +146,16 @@ def part_path(directory: str, shard_id: str) -> str:
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
                   kept: Mapping[str, Sequence[Any]], truncated: Sequence[bool] | np.ndarray | None = None,
                   chunks: Mapping[str, Sequence[Any] | np.ndarray] | None = None) -> pa.Table:
-    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32, stored by ``schema.rule``.
+    """A vectors table in ``schema``; ``vectors`` is (rows, dimension) float32, stored by ``schema.rule``,
+    or with ``schema.sparse`` one :class:`~teibatch.sparse.SparseVector` per row.
 
     ``truncated`` marks texts the client cut or had the server truncate after a refusal
     (``model.on_too_long: truncate``); absent, no row is marked. ``chunks``: the chunk columns'
     values by name, when ``schema.chunks``.
     """
     flags = np.zeros(len(ids), dtype=bool) if truncated is None else np.asarray(truncated, dtype=bool)
-    columns: list[pa.Array] = [_string_array(ids), *_embedding_arrays(schema, vectors), _string_array(hashes),
-                               _bool_array(flags)]
+    vector_columns = _sparse_arrays(vectors) if schema.sparse else _embedding_arrays(schema, vectors)
+    columns: list[pa.Array] = [_string_array(ids), *vector_columns, _string_array(hashes), _bool_array(flags)]
     for name, dtype in schema.chunk_columns:
         values = (chunks or {})[name]
         columns.append(_string_array(values) if dtype == pa.string()  # type: ignore[arg-type]
@@ -170,6 +187,16 @@ def _fixed_list(value_type: pa.DataType, rows: np.ndarray, width: int) -> pa.Arr
     values = np.ascontiguousarray(rows)
     return pa.FixedSizeListArray.from_arrays(
         pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values.reshape(-1))]), width)
+
+
+def _sparse_arrays(vectors: np.ndarray) -> list[pa.Array]:
+    """``indices`` and ``values`` list arrays of sparse rows, built from their buffers (one copy of each)."""
+    offsets, indices, values = join_rows(vectors)
+    offsets_buffer = pa.py_buffer(offsets.astype(np.int32))
+    return [pa.ListArray.from_buffers(pa.list_(pa.field("item", dtype, nullable=False)), len(vectors),
+                                      [None, offsets_buffer],
+                                      children=[pa.Array.from_buffers(dtype, len(flat), [None, pa.py_buffer(flat)])])
+            for dtype, flat in ((pa.int32(), indices), (pa.float32(), values))]
 
 
 def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[str]) -> pa.Table:
@@ -312,8 +339,9 @@ def warm_up() -> None:
 
 
 def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
-                 schema: VectorSchema | None = None) -> dict[str, tuple[str, np.ndarray, bool]]:
-    """``id → (content_hash, float32 vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``.
+                 schema: VectorSchema | None = None) -> dict[str, tuple[str, np.ndarray | SparseVector, bool]]:
+    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``;
+    float32 vectors, or with ``schema.sparse`` each a :class:`~teibatch.sparse.SparseVector`.
 
     ``schema``: the output's, whose :attr:`~VectorSchema.rule` the parts were written with (float32
     without it). A quantized part gives its ``embedding_float`` column when it has one, else each stored vector's
@@ -322,14 +350,15 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
     skipped too: reuse is an optimisation, never a requirement.
     """
     rule = schema.rule if schema is not None else Quantization()
-    found: dict[str, tuple[str, np.ndarray, bool]] = {}
+    sparse = schema is not None and schema.sparse
+    found: dict[str, tuple[str, np.ndarray | SparseVector, bool]] = {}
     for relative in parts:
         try:
             with store.fs.open(store.path(relative), "rb") as handle:
                 parquet = pq.ParquetFile(handle)
                 floats = FLOAT_COLUMN in parquet.schema_arrow.names
-                table = parquet.read(columns=["id", "content_hash", FLOAT_COLUMN if floats else "embedding",
-                                              "truncated"])
+                vector_columns = (list(SPARSE_COLUMNS) if sparse else [FLOAT_COLUMN if floats else "embedding"])
+                table = parquet.read(columns=["id", "content_hash", *vector_columns, "truncated"])
         except FileNotFoundError:
             continue
         part_ids = table.column("id").to_pylist()
@@ -337,13 +366,20 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
         if not wanted:
             continue
         table = table.take(wanted)
-        embedding = table.column(FLOAT_COLUMN if floats else "embedding").combine_chunks()
-        stored = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
-        if floats:
-            vectors, exact = stored.astype(np.float32), np.ones(len(stored), dtype=bool)
+        vectors: Any
+        if sparse:
+            indices, values = (table.column(name).combine_chunks() for name in SPARSE_COLUMNS)
+            vectors = split_rows(indices.offsets.to_numpy() - indices.offsets[0].as_py(),
+                                 indices.flatten().to_numpy(), values.flatten().to_numpy())
+            exact = np.ones(len(table), dtype=bool)
         else:
-            vectors = rule.dequantize(stored, schema.dimension if schema is not None else stored.shape[1])
-            exact = (rule.quantize(vectors) == stored).all(axis=1)
+            embedding = table.column(FLOAT_COLUMN if floats else "embedding").combine_chunks()
+            stored = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
+            if floats:
+                vectors, exact = stored.astype(np.float32), np.ones(len(stored), dtype=bool)
+            else:
+                vectors = rule.dequantize(stored, schema.dimension if schema is not None else stored.shape[1])
+                exact = (rule.quantize(vectors) == stored).all(axis=1)
         hashes = table.column("content_hash").to_pylist()
         flags = table.column("truncated").to_pylist()
         for row, doc_id in enumerate(table.column("id").to_pylist()):
@@ -361,7 +397,8 @@ def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tu
         metadata = orjson.loads((schema.metadata or {})[METADATA_KEY])
     except (OSError, KeyError, ValueError, pa.ArrowException):
         return None
-    rest = schema.names[len(FIXED_COLUMNS) + bool(metadata.get("keep_float")):]
+    sparse_extra = len(SPARSE_COLUMNS) - 1 if metadata.get("kind") == "sparse" else 0
+    rest = schema.names[len(FIXED_COLUMNS) + sparse_extra + bool(metadata.get("keep_float")):]
     if "chunking" in metadata:  # the chunk columns come before the kept fields
         rest = rest[len(CHUNK_COLUMNS) + bool(metadata["chunking"].get("store_text")):]
     return metadata, tuple(rest)

@@ -2,7 +2,7 @@
 the servers' ``/tokenize`` as a token counter."""
 
 from teibatch.tei.client import EmbedRequest, TeiClient, error_from_response, tls_context, tls_settings
-from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
+from teibatch.tei.decode import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64, decode_sparse, decode_vectors
 from teibatch.tei.embedder import EmbedResult, embed_texts
 from teibatch.tei.info import ClientLimits, ServerInfo
 from teibatch.tei.packing import (
@@ -23,6 +23,7 @@ __all__ = [
     "ON_TOO_LONG_TRUNCATE",
     "ROUTE_AUTO",
     "ROUTE_EMBED",
+    "ROUTE_EMBED_SPARSE",
     "ROUTE_OPENAI_BASE64",
     "ClientLimits",
     "ConcurrencyWindow",
@@ -38,6 +39,7 @@ __all__ = [
     "TeiClient",
     "TokenizeStats",
     "choose_route",
+    "decode_sparse",
     "decode_vectors",
     "embed_texts",
     "error_from_response",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from teibatch.errors import ServerFault
+from teibatch.sparse import split_rows
+from teibatch.tei.decode import SparseBatch
 
 FAULT_WRONG_COUNT = "wrong count"
 FAULT_WRONG_DIMENSION = "wrong dimension"
@@ -81,3 +83,29 @@ def check_vectors(vectors: np.ndarray, *, count: int, dimension: int | None, nor
             f"(input {first} has L2 norm {float(np.sqrt(squares[first])):.4g}; allowed 1 ± {NORM_TOLERANCE})",
             server=server, kind=FAULT_NOT_NORMALIZED)
     return vectors
+
+
+def check_sparse(batch: SparseBatch, *, count: int, vocab_size: int | None, server: str) -> np.ndarray:
+    """The rows of a decoded ``/embed_sparse`` answer (:func:`~teibatch.sparse.split_rows`) when it is
+    a right answer to ``count`` inputs; else :class:`~teibatch.errors.ServerFault` with ``kind``:
+
+    * ``"wrong count"``: not one sparse vector per input;
+    * ``"wrong dimension"``: an index outside ``0 .. vocab_size - 1`` (``vocab_size`` given: the
+      servers' probe showed it);
+    * ``"non-finite"``: a NaN or an infinite value.
+    """
+    offsets, indices, values = batch
+    rows = len(offsets) - 1
+    if rows != count:
+        raise ServerFault(f"answered {rows} sparse vectors for {count} inputs", server=server, kind=FAULT_WRONG_COUNT)
+    low, high = (int(indices.min()), int(indices.max())) if len(indices) else (0, 0)
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        raise ServerFault(f"answered a sparse vector with index {low if low < 0 else high}, outside the "
+                          f"vocabulary of {vocab_size} terms (does it serve another model?)",
+                          server=server, kind=FAULT_WRONG_DIMENSION)
+    if not np.isfinite(values).all():
+        bad = np.flatnonzero(~np.isfinite(values))
+        first = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+        raise ServerFault(f"answered sparse vectors with {bad.size} NaN or infinite values (the first for input "
+                          f"{first})", server=server, kind=FAULT_NON_FINITE)
+    return split_rows(offsets, indices.astype(np.int32), values)

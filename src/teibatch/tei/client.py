@@ -39,8 +39,8 @@ from teibatch.errors import (
     TooManyInputs,
     WrongModelKind,
 )
-from teibatch.tei.checks import FAULT_BAD_BODY, check_vectors
-from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64, decode_vectors
+from teibatch.tei.checks import FAULT_BAD_BODY, check_sparse, check_vectors
+from teibatch.tei.decode import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64, decode_sparse, decode_vectors
 from teibatch.tei.info import ServerInfo
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -53,7 +53,7 @@ fails fast."""
 CHARS_PER_TOKEN = 4
 """A rough count of characters per token, to estimate a request's tokens without a tokenizer."""
 
-_PATHS = {ROUTE_EMBED: "/embed", ROUTE_OPENAI_BASE64: "/v1/embeddings"}
+_PATHS = {ROUTE_EMBED: "/embed", ROUTE_OPENAI_BASE64: "/v1/embeddings", ROUTE_EMBED_SPARSE: "/embed_sparse"}
 _JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -95,7 +95,8 @@ class TeiClient:
     ``model`` and ``api_key_env`` only make messages better: a 401 names the variable that holds
     the key, a 424 names the model. ``expected_dimension`` (``None``: any) and ``normalized``
     (vectors must have L2 norm 1, as with ``normalize: true``) are what :meth:`embed` checks its
-    answers against, besides one finite vector per input.
+    answers against, besides one finite vector per input; on ``/embed_sparse``,
+    ``expected_dimension`` is the vocabulary size every index must stay under.
     """
 
     def __init__(self, endpoint: Endpoint, http: httpx.AsyncClient, *, timeout: float = DEFAULT_TIMEOUT_S,
@@ -147,7 +148,8 @@ class TeiClient:
         return True
 
     async def embed(self, request: EmbedRequest) -> np.ndarray:
-        """Send one packed request; return its vectors (float32, one row per input, input order).
+        """Send one packed request; return its vectors (float32, one row per input, input order; on
+        ``/embed_sparse``, an array of :class:`~teibatch.sparse.SparseVector`, one per input).
 
         Only checked vectors come back: any other answer raises a :class:`~teibatch.errors.TeiError`,
         a wrong 200 a :class:`~teibatch.errors.ServerFault` (:func:`~teibatch.tei.checks.check_vectors`).
@@ -156,8 +158,11 @@ class TeiClient:
             response = await self._send("POST", _PATHS[request.route], content=request.body,
                                         headers=_JSON_HEADERS, timeout=self.timeout_for(request))
         except WrongModelKind as exc:
-            raise await self._model_error(exc) from None
+            raise await self._model_error(exc, sparse=request.route == ROUTE_EMBED_SPARSE) from None
         try:
+            if request.route == ROUTE_EMBED_SPARSE:
+                return check_sparse(decode_sparse(response.content), count=request.count,
+                                    vocab_size=self.expected_dimension, server=self.url)
             vectors = decode_vectors(request.route, response.content)
         except ValueError as exc:
             raise ServerFault(f"answered 200 to {_PATHS[request.route]} with a body that is not its JSON "
@@ -212,21 +217,26 @@ class TeiClient:
                    "servers.api_key_env")
         return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=status)
 
-    async def _model_error(self, exc: WrongModelKind) -> WrongModelKind:
-        model, kind = self.model, "not an embedding model"
+    async def _model_error(self, exc: WrongModelKind, *, sparse: bool) -> WrongModelKind:
+        model, kind, pooling = self.model, "not an embedding model", None
         try:
             info = await self.info(timeout=DEFAULT_HEALTH_TIMEOUT_S)
         except TeiError:
             pass
         else:
-            model = info.model_id
+            model, pooling = info.model_id, info.pooling
             kind = (f"an embedding model with {info.pooling} pooling" if info.model_kind == "embedding"
                     else f"a {info.model_kind} model")
         said = str(exc).removeprefix(f"{exc.server}: ")
+        if sparse:
+            fix = "point the job at TEI servers launched with a SPLADE model, or set model.kind: dense"
+        elif pooling == "splade":
+            fix = "for its sparse vectors set model.kind: sparse (or auto)"
+        else:
+            fix = "point the job at TEI servers launched with an embedding model (--model-id)"
         return WrongModelKind(
-            f"serves {model or 'a model'}, {kind}, which cannot give dense vectors ({said}); "
-            "point the job at TEI servers launched with an embedding model (--model-id)",
-            server=self.url, status_code=exc.status_code)
+            f"serves {model or 'a model'}, {kind}, which cannot give {'sparse' if sparse else 'dense'} vectors "
+            f"({said}); {fix}", server=self.url, status_code=exc.status_code)
 
 
 def error_from_response(server: str, status: int, content: bytes, retry_after: str | None = None) -> TeiError:

@@ -47,7 +47,9 @@ from teibatch.errors import (
     TeiUnavailable,
     TooManyInputs,
 )
+from teibatch.sparse import vector_rows
 from teibatch.tei.client import EmbedRequest
+from teibatch.tei.decode import ROUTE_EMBED_SPARSE
 from teibatch.tei.hedging import Flight
 from teibatch.tei.packing import ON_TOO_LONG_TRUNCATE, RequestPacker
 from teibatch.tei.pool import EndpointPool, Server
@@ -72,6 +74,9 @@ _BACKOFF_CAP_S = 5.0
 class EmbedResult:
     """Vectors for the texts that succeeded (``ok`` marks them) and a failure for every other text.
 
+    ``vectors`` is a (texts, dimension) float32 matrix, or for ``/embed_sparse`` one
+    :class:`~teibatch.sparse.SparseVector` per text (:mod:`teibatch.sparse`).
+
     ``truncated`` marks texts whose vector is of a cut text, as far as the client knows: cut by the
     client to fit the payload limit, or resent with truncation after the server refused them as too
     long. (With ``truncate`` on, TEI also cuts texts over ``max_input_length`` tokens silently;
@@ -95,7 +100,11 @@ def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_C
 
 async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence[str], *,
                       dimension: int, max_retries: int = DEFAULT_MAX_RETRIES) -> EmbedResult:
-    """Embed ``texts`` over ``pool``; fatal errors (401, wrong model kind, no server left) propagate."""
+    """Embed ``texts`` over ``pool``; fatal errors (401, wrong model kind, no server left) propagate.
+
+    ``dimension``: the vectors' size; for sparse vectors (``packer``'s route is ``/embed_sparse``), the
+    vocabulary size.
+    """
     return await _Run(pool, packer, texts, dimension, max_retries).execute()
 
 
@@ -122,7 +131,8 @@ class _Run:
         max_chars = max(known) if len(known) == len(pool.servers) else None
         self.queue = WorkQueue(texts, packer, payload_limit=min(packer.payload_limit, pool.smallest_payload_limit),
                                max_input_chars=max_chars)
-        self.vectors = np.zeros((len(texts), dimension), dtype=np.float32)
+        self.sparse = packer.route == ROUTE_EMBED_SPARSE
+        self.vectors = vector_rows(len(texts), dimension, self.sparse)
         self.ok = np.zeros(len(texts), dtype=bool)
         self.truncated = np.zeros(len(texts), dtype=bool)
         self.flights: dict[asyncio.Task[None], _Flight] = {}
@@ -235,10 +245,10 @@ class _Run:
                     self.queue.put(Unit(items, unit.attempts if unit else 0, unit.overloads if unit else 0, None,
                                         loop.time(), unit.truncating if unit else False), first=True)
                 return
-            if vectors.shape != (len(items), self.dimension):
-                raise ServerFault(f"answered {vectors.shape[0]} vectors of dimension {vectors.shape[1]} for "
-                                  f"{len(items)} inputs, expected dimension {self.dimension}",
-                                  server=server.url, kind="wrong shape")
+            expected = (len(items),) if self.sparse else (len(items), self.dimension)
+            if vectors.shape != expected:
+                raise ServerFault(f"answered vectors of shape {vectors.shape} for {len(items)} inputs, expected "
+                                  f"{expected}", server=server.url, kind="wrong shape")
         except TeiError as exc:
             self._land(flight)
             server.stats.count_error(type(exc).__name__)

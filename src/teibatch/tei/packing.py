@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 
 import orjson
 
+from teibatch.sparse import KIND_AUTO, KIND_SPARSE, KINDS
 from teibatch.tei.client import EmbedRequest
-from teibatch.tei.decode import ROUTE_EMBED, ROUTE_OPENAI_BASE64
+from teibatch.tei.decode import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64
 from teibatch.tei.info import ServerInfo
 
 ROUTE_AUTO = "auto"
@@ -31,6 +32,9 @@ class EmbedOptions:
     ``on_too_long`` matters only with ``truncate=False``: ``reject`` (default) rejects a text the
     server refuses as too long (422) or that cannot fit the payload limit; ``truncate`` embeds it
     truncated instead (resent alone with ``truncate: true``) and flags it ``truncated``.
+
+    ``kind``: ``sparse`` sends ``/embed_sparse`` (``normalize`` and ``dimensions`` do not apply there),
+    ``dense`` the dense routes, ``auto`` whichever the servers' model gives (:func:`choose_route`).
     """
 
     normalize: bool = True
@@ -39,8 +43,11 @@ class EmbedOptions:
     prompt_name: str | None = None
     dimensions: int | None = None
     on_too_long: str = ON_TOO_LONG_REJECT
+    kind: str = KIND_AUTO
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
         if self.on_too_long not in (ON_TOO_LONG_REJECT, ON_TOO_LONG_TRUNCATE):
             raise ValueError(f"on_too_long must be {ON_TOO_LONG_REJECT!r} or {ON_TOO_LONG_TRUNCATE!r}")
 
@@ -53,10 +60,13 @@ class EmbedOptions:
 def choose_route(requested: str, options: EmbedOptions, info: ServerInfo) -> str:
     """The route to use: ``auto`` picks base64 only where its fixed semantics equal the job's.
 
-    ``/v1/embeddings`` always normalizes, truncates as the server's ``--auto-truncate`` says, cuts on
-    the right and takes no ``prompt_name``; anything else, or a server older than TEI 1.3.0 (no
-    base64), needs ``/embed``.
+    Sparse vectors have one route, ``/embed_sparse``: taken with ``kind: sparse``, and with ``kind:
+    auto`` when ``/info`` says the model pools with SPLADE. For dense ones, ``/v1/embeddings`` always
+    normalizes, truncates as the server's ``--auto-truncate`` says, cuts on the right and takes no
+    ``prompt_name``; anything else, or a server older than TEI 1.3.0 (no base64), needs ``/embed``.
     """
+    if options.kind == KIND_SPARSE or (options.kind == KIND_AUTO and info.pooling == "splade"):
+        return ROUTE_EMBED_SPARSE
     if requested != ROUTE_AUTO:
         return requested
     same = (options.normalize and options.prompt_name is None
@@ -110,9 +120,11 @@ class RequestPacker:
         return self.request([self.encode(PROBE_TEXT)], len(PROBE_TEXT))
 
     def truncating(self) -> RequestPacker:
-        """A packer for resending refused texts with ``truncate: true`` (``/embed``: the only route with it)."""
+        """A packer for resending refused texts with ``truncate: true`` (``/embed``, or ``/embed_sparse``
+        for sparse vectors: the routes that take it)."""
         options = replace(self.options, truncate=True)
-        return RequestPacker(ROUTE_EMBED, options, max_batch_size=self.max_batch_size,
+        route = ROUTE_EMBED_SPARSE if self.route == ROUTE_EMBED_SPARSE else ROUTE_EMBED
+        return RequestPacker(route, options, max_batch_size=self.max_batch_size,
                              payload_limit=self.payload_limit)
 
     def cut_to_fit(self, text: str, payload_limit: int) -> str:
@@ -168,12 +180,13 @@ class RequestPacker:
 
 
 def _body_frame(route: str, options: EmbedOptions) -> tuple[bytes, bytes]:
-    if route == ROUTE_EMBED:
+    if route in (ROUTE_EMBED, ROUTE_EMBED_SPARSE):
         fields: dict[str, object] = {
             "truncate": options.truncate,
             "truncation_direction": options.truncation_direction.capitalize(),
-            "normalize": options.normalize,
         }
+        if route == ROUTE_EMBED:
+            fields["normalize"] = options.normalize
         if options.prompt_name is not None:
             fields["prompt_name"] = options.prompt_name
         key = b'{"inputs":['
@@ -182,7 +195,7 @@ def _body_frame(route: str, options: EmbedOptions) -> tuple[bytes, bytes]:
         key = b'{"input":['
     else:
         raise ValueError(f"unknown route {route!r}")
-    if options.dimensions is not None:
+    if options.dimensions is not None and route != ROUTE_EMBED_SPARSE:
         fields["dimensions"] = options.dimensions
     rest = orjson.dumps(fields)
     return key, b"]," + rest[1:]
