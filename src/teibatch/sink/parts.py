@@ -272,9 +272,10 @@ def warm_up() -> None:
     pa.array(["warm"], pa.string())
 
 
-def read_vectors(store: OutputStore, parts: Sequence[str],
-                 ids: set[str]) -> dict[str, tuple[str, np.ndarray, bool]]:
-    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``.
+def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
+                 by: str = "id") -> dict[str, tuple[str, np.ndarray, bool]]:
+    """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``;
+    with ``by="content_hash"``, ``content_hash → …`` for the rows whose hash is in ``ids``.
 
     Parts that have disappeared are skipped: reuse is an optimisation, never a requirement.
     """
@@ -285,7 +286,7 @@ def read_vectors(store: OutputStore, parts: Sequence[str],
                 table = pq.read_table(handle, columns=["id", "content_hash", "embedding", "truncated"])
         except FileNotFoundError:
             continue
-        part_ids = table.column("id").to_pylist()
+        part_ids = table.column(by).to_pylist()
         wanted = [i for i, doc_id in enumerate(part_ids) if doc_id in ids]
         if not wanted:
             continue
@@ -294,7 +295,7 @@ def read_vectors(store: OutputStore, parts: Sequence[str],
         vectors = embedding.values.to_numpy(zero_copy_only=False).reshape(len(embedding), -1)
         hashes = table.column("content_hash").to_pylist()
         flags = table.column("truncated").to_pylist()
-        for row, doc_id in enumerate(table.column("id").to_pylist()):
+        for row, doc_id in enumerate(table.column(by).to_pylist()):
             found[doc_id] = (hashes[row], vectors[row].astype(np.float32), flags[row])
     return found
 
