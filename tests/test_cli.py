@@ -213,3 +213,14 @@ def test_the_summary_line_counts_truncated_documents(tmp_path: Path) -> None:
     again = CliRunner().invoke(main, ["run", str(path), "-q", "--set", f"output.path={tmp_path / 'out2'}",
                                       "--set", "servers.server_args=[]"])
     assert again.stdout.startswith("done: 3 documents embedded, 0 rejected;")  # "0 truncated" is not said
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_summary_line_counts_deduplicated_documents(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text('{"text": "same"}\n{"text": "other"}\n{"text": "same"}\n')
+    path = write_job(tmp_path, corpus={"path": str(tmp_path / "c")}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "local", "count": 1})
+    result = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("done: 3 documents embedded (1 deduplicated), 0 rejected;")

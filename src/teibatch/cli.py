@@ -97,11 +97,14 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
     if not as_json:
         reasons = ", ".join(f"{k}: {v}" for k, v in docs["rejected_by_reason"].items())
         truncated = docs.get("truncated", 0)
+        deduplicated = docs.get("deduplicated", 0)
         chunks = report.get("chunking")
         click.echo(f"done: {docs['embedded']:,} documents embedded"
                    + (f" as {chunks['chunks'] - chunks['chunks_reused']:,} chunks "
                       f"({chunks['tokens_embedded']:,} tokens)" if chunks else "")
-                   + (f" ({truncated:,} truncated)" if truncated else "") + f", {docs['rejected']:,} rejected"
+                   + (f" ({truncated:,} truncated)" if truncated else "")
+                   + (f" ({deduplicated:,} deduplicated)" if deduplicated else "")
+                   + f", {docs['rejected']:,} rejected"
                    + (f" ({reasons})" if reasons else "")
                    + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
                    + f"; {report['timings'].get('total_s', 0):.1f}s"

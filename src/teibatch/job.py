@@ -57,6 +57,7 @@ class CorpusSection(_Section):
     shard_docs: int = Field(DEFAULT_SHARD_DOCS, ge=1, le=10_000_000)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     on_bad_file: Literal["fail", "reject"] = "fail"   # a file that breaks off: fail its shard, or reject the rest
+    deduplicate: bool = True  # identical texts sent once (pipeline/dedup.py); the output is the same either way
 
 
 class ModelSection(_Section):

@@ -37,6 +37,14 @@ class SparseVector:
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes its arrays hold (as ``ndarray.nbytes``, so that a store of vectors can count either kind)."""
+        return int(self.indices.nbytes + self.values.nbytes)
+
+    def copy(self) -> SparseVector:
+        return SparseVector(self.indices.copy(), self.values.copy())
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SparseVector):
             return NotImplemented
@@ -84,3 +92,16 @@ def join_rows(rows: Sequence[SparseVector] | np.ndarray) -> tuple[np.ndarray, np
     indices = np.concatenate([row.indices for row in rows]).astype(np.int32, copy=False)
     values = np.concatenate([row.values for row in rows]).astype(np.float32, copy=False)
     return offsets, indices, values
+
+
+Vector = np.ndarray | SparseVector
+"""One row's vector: dense (a float array) or sparse."""
+
+
+def stack_rows(rows: Sequence[Vector]) -> np.ndarray:
+    """Rows of either kind as one batch: a float matrix, or an array of sparse rows."""
+    if rows and isinstance(rows[0], SparseVector):
+        batch = np.empty(len(rows), dtype=object)
+        batch[:] = rows
+        return batch
+    return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)  # type: ignore[arg-type]

@@ -113,6 +113,18 @@ def test_baseline_is_complete(baseline: tuple[pa.Table, pa.Table]) -> None:
 
 
 
+def crash_and_resume(job: Path, address: str, point: str, driver_dies: bool, tmp_path: Path) -> None:
+    """Run ``job`` killed once at ``point``; when the driver died, run it again to the end."""
+    crashed = run(job, address, {CRASH_AT: point, CRASH_ONCE: str(tmp_path / "crashed-once")})
+    assert (tmp_path / "crashed-once").exists(), "the crash point was reached"
+    if driver_dies:
+        assert crashed.returncode == -signal.SIGKILL
+        resumed = run(job, address)
+        assert resumed.returncode == 0, resumed.stderr
+    else:
+        assert crashed.returncode == 0, crashed.stderr  # Ray ran the task again on a new worker
+
+
 CHUNKING = {"strategy": "tokens", "max_tokens": 5, "overlap_tokens": 1, "document_vector": "mean"}
 
 
@@ -125,15 +137,7 @@ def test_killed_chunked_run_resumes_to_the_same_output(point: str, driver_dies: 
     fresh = tmp_path / "fresh"
     assert run(write_job(tmp_path, corpus, fresh, chunking=CHUNKING), ray_address).returncode == 0
     out = tmp_path / "out"
-    job = write_job(tmp_path, corpus, out, chunking=CHUNKING)
-    crashed = run(job, ray_address, {CRASH_AT: point, CRASH_ONCE: str(tmp_path / "crashed-once")})
-    assert (tmp_path / "crashed-once").exists(), "the crash point was reached"
-    if driver_dies:
-        assert crashed.returncode == -signal.SIGKILL
-        resumed = run(job, ray_address)
-        assert resumed.returncode == 0, resumed.stderr
-    else:
-        assert crashed.returncode == 0, crashed.stderr
+    crash_and_resume(write_job(tmp_path, corpus, out, chunking=CHUNKING), ray_address, point, driver_dies, tmp_path)
     vectors, rejects = output_rows(out)
     expected_vectors, expected_rejects = output_rows(fresh)
     assert vectors.num_rows > 121  # chunks, more than the documents

@@ -51,8 +51,8 @@ def test_local_run_writes_one_row_per_document(small_corpus: Path, job_file: Cal
     assert manifest["info"]["dimension"] == 384
     report = orjson.loads((out / "runs" / f"{summary.run_id}.json").read_bytes())
     assert report["status"] == "done"
-    assert report["documents"] == {"read": 40, "embedded": 40, "truncated": 0, "skipped_unchanged": 0, "rejected": 0,
-                                   "waiting_for_servers": 0,
+    assert report["documents"] == {"read": 40, "embedded": 40, "truncated": 0, "deduplicated": 0,
+                                   "skipped_unchanged": 0, "rejected": 0, "waiting_for_servers": 0,
                                    "rejected_by_reason": {}}
     assert sum(s["inputs"] for s in report["servers"].values()) == 40
     assert len(report["servers"]) == 2

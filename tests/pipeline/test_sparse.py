@@ -192,3 +192,19 @@ def test_sparse_needs_a_splade_model_and_options_that_apply(
     with pytest.raises(JobSpecError, match=r"SPLADE model.*output\.vector_type float16 is for dense vectors"):
         run_job(load_job(job_file(corpus, splade[1], output={"path": str(out), "vector_type": "float16"})))
     assert not list(out.glob("vectors/*.parquet"))
+
+
+def test_repeated_texts_are_sent_once_and_every_id_gets_the_servers_answer(
+        tmp_path: Path, job_file: Callable[..., Path], splade: tuple[Endpoint, dict[str, object]]) -> None:
+    # 60 documents, 20 distinct texts: repeats within a shard, across shards and across files
+    files = {f"part-{f}.jsonl": [{"id": f"d{f}-{i}", "text": f"shared text {(f * 20 + i) % 20} on topic {i % 5}"}
+                                 for i in range(20)] for f in range(3)}
+    write_corpus(tmp_path / "corpus", files)
+    job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 10}, splade[1]))
+    endpoint = splade[0]
+    summary = run_job(job)
+    live = {row["id"]: row["text"] for rows in files.values() for row in rows}
+    assert summary.embedded == 60 and summary.to_json()["documents"]["deduplicated"] == 40
+    sent = Counter(stats(endpoint)["texts"])
+    assert all(sent[text_digest(text)] == 1 for text in set(live.values()))  # each distinct text once
+    assert_rows_are_the_servers(tmp_path / "out", endpoint, live)

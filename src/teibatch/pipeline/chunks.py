@@ -38,7 +38,7 @@ from teibatch.corpus import (
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.endpoint import Endpoint
 from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
-from teibatch.sparse import SparseVector, vector_rows
+from teibatch.sparse import Vector, vector_rows
 from teibatch.tei import EmbedResult
 from teibatch.tei.info import ClientLimits
 from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
@@ -171,20 +171,23 @@ def limit_tokenizer_threads() -> None:
 @dataclass
 class ChunkTally:
     """A shard's chunking counts for the report: documents and chunks written (and of those reused
-    from an earlier run), tokens sent now and in the documents, and the chunks by length."""
+    from an earlier run, and chunks that copied the vector of the same text sent for another), tokens
+    sent now and in the documents, and the chunks by length."""
 
     documents: int = 0
     documents_reused: int = 0
+    documents_deduplicated: int = 0  # every chunk written with a copied vector
     chunks: int = 0
     chunks_reused: int = 0
+    chunks_deduplicated: int = 0  # written with the vector of the same text sent for another chunk
     tokens_embedded: int = 0
     document_tokens: int = 0
     histogram: Counter[str] = field(default_factory=Counter)
     tokenize: TokenizeStats | None = None  # counted by the servers' /tokenize: what was sent there
 
     def add(self, other: ChunkTally) -> None:
-        for name in ("documents", "documents_reused", "chunks", "chunks_reused", "tokens_embedded",
-                     "document_tokens"):
+        for name in ("documents", "documents_reused", "documents_deduplicated", "chunks", "chunks_reused",
+                     "chunks_deduplicated", "tokens_embedded", "document_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.histogram.update(other.histogram)
         self.add_tokenize(other.tokenize)
@@ -195,8 +198,10 @@ class ChunkTally:
             self.tokenize = stats if self.tokenize is None else self.tokenize + stats
 
     def to_json(self) -> dict[str, Any]:
-        return {"documents": self.documents, "documents_reused": self.documents_reused, "chunks": self.chunks,
-                "chunks_reused": self.chunks_reused, "tokens_embedded": self.tokens_embedded,
+        return {"documents": self.documents, "documents_reused": self.documents_reused,
+                "documents_deduplicated": self.documents_deduplicated, "chunks": self.chunks,
+                "chunks_reused": self.chunks_reused, "chunks_deduplicated": self.chunks_deduplicated,
+                "tokens_embedded": self.tokens_embedded,
                 "document_tokens": self.document_tokens,
                 "histogram": {label: self.histogram[label] for label in histogram_labels() if self.histogram[label]},
                 **({"tokenize": self.tokenize.to_json()} if self.tokenize is not None else {})}
@@ -304,7 +309,6 @@ class Units:
         return f"chunk {self.index[unit]} of {self.count[unit]} ({self.ids[unit]}): "
 
 
-Vector = np.ndarray | SparseVector
 Reused = dict[int, tuple[str, Vector, bool]]
 """Units whose vector an earlier run's part holds: unit → (content hash, vector, truncated)."""
 
@@ -318,9 +322,13 @@ class RowsInOrder:
     """
 
     def __init__(self, part: VectorsPart, schema: VectorSchema, documents: list[Document], units: Units,
-                 reused: Reused) -> None:
+                 reused: Reused, copies: Reused | None = None, late: Reused | None = None) -> None:
         self._part, self._schema = part, schema
         self._documents, self._units, self._reused = documents, units, reused
+        # Units whose text another unit of the run sent (``pipeline/dedup.py``), and units sent after the others.
+        self._copies = copies if copies is not None else {}
+        self._late = late if late is not None else {}
+        self.deduplicated = 0  # rows written with a copied vector
         self._given = 0  # units handed over (a document boundary)
         self._carried: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # final units after _given
         self._final = 0  # units final so far
@@ -354,7 +362,7 @@ class RowsInOrder:
                 at, result = embedded[0] - first, embedded[1]
                 vectors[at], ok[at], truncated[at] = result.vectors, result.ok, result.truncated
             for position in range(first, end):
-                previous = self._reused.get(position)
+                previous = self._reused.get(position) or self._copies.get(position) or self._late.get(position)
                 if previous is not None:
                     vectors[position - first], truncated[position - first] = previous[1], previous[2]
                     ok[position - first] = True
@@ -379,6 +387,8 @@ class RowsInOrder:
         if len(kept) < len(ok):
             vectors, truncated = vectors[kept], truncated[kept]
         rows = (kept + first).tolist()  # plain ints: the per-unit lists below index Python lists
+        if self._copies:
+            self.deduplicated += sum(1 for u in rows if u in self._copies)
         documents, doc_of = self._documents, units.doc
         chunks: dict[str, list[Any]] | None = None
         if units.plan is not None:
@@ -399,11 +409,15 @@ class RowsInOrder:
         starts = [u for u in rows if units.index[u] == 0]
         tally.documents += len(starts)
         tally.documents_reused += sum(1 for u in starts if all(v in self._reused for v in range(u, u + units.count[u])))
+        tally.documents_deduplicated += sum(
+            1 for u in starts if all(v in self._copies for v in range(u, u + units.count[u])))
         tally.chunks += len(rows)
         for u in rows:
             tally.histogram[histogram_label(units.tokens[u])] += 1
             if u in self._reused:
                 tally.chunks_reused += 1
+            elif u in self._copies:
+                tally.chunks_deduplicated += 1
             else:
                 tally.tokens_embedded += units.tokens[u]
 

@@ -8,6 +8,8 @@ from typing import Any
 from teibatch.corpus.kept import KeptFields
 from teibatch.corpus.records import CorpusOptions
 from teibatch.pipeline.chunks import ChunkPlan
+from teibatch.pipeline.dedup import Dedup
+from teibatch.pipeline.moved_texts import MovedTexts
 from teibatch.sink.parts import VectorSchema, WriteOptions
 
 
@@ -25,3 +27,9 @@ class ShardContext:
     """The output's kept-field types (``schema.kept``) and which fields are written as text."""
     chunking: ChunkPlan | None = None
     """How documents are cut into chunks; ``None``: each document is embedded whole."""
+    deduplicate: bool = False
+    """Identical texts are sent once (``corpus.deduplicate``): within the shard, and with ``dedup``
+    across the run's shards (``pipeline/dedup.py``)."""
+    dedup: Dedup | None = None
+    moved: MovedTexts | None = None
+    """Incremental mode: the earlier output's texts by content hash (``pipeline/moved_texts.py``)."""

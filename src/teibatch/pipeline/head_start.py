@@ -82,9 +82,11 @@ class FirstTexts:
     and reports it.
     """
 
-    def __init__(self, corpus: CorpusOptions, shard: Shard) -> None:
+    def __init__(self, corpus: CorpusOptions, shard: Shard, *, distinct: bool = False) -> None:
         self.corpus, self.shard = corpus, shard
         self.texts: list[str] = []
+        # With deduplication the task sends each text once (``pipeline/dedup.py``): so does the head start.
+        self._seen: set[str] | None = set() if distinct else None
         self.failed = False
         self._chars = 0
         self._items: Iterator[object] | None = None
@@ -105,6 +107,10 @@ class FirstTexts:
                 if item is None:
                     self._ended = True
                 elif isinstance(item, Document):
+                    if self._seen is not None:
+                        if item.text in self._seen:
+                            continue
+                        self._seen.add(item.text)
                     self.texts.append(item.text)
                     self._chars += len(item.text)
         except Exception as exc:  # the shard task reads it again and reports what is wrong, per shard

@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from teibatch.corpus import CorpusProbe, KeptFields, Shard, plan_shards, probe_corpus
+from teibatch.corpus import CorpusProbe, KeptFields, Shard, content_hash, plan_shards, probe_corpus
 from teibatch.corpus.overlap import exclusion_note
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.endpoint import Endpoint
@@ -34,10 +34,12 @@ from teibatch.pipeline.chunking_setup import chunk_plan, chunking_info, early_co
 from teibatch.pipeline.chunks import ChunkPlan, ChunkTally
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
 from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
+from teibatch.pipeline.moved_texts import MovedTexts, index_moved_texts
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
@@ -253,6 +255,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                                                 _workers_to_warm(one_machine, len(pending)))
             wave: FirstWave | None = None
             early: list[SenderRef] = []  # the senders as planned before the probe
+            dedup: Dedup | None = None
             try:
                 # The servers are met while the senders' processes and the first workers start. The
                 # driver sends the first requests itself right after the probe (``pipeline/first_wave.py``),
@@ -260,8 +263,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 # the rest of the first texts wait in them meanwhile.
                 met = time.monotonic()
                 # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
-                first = None if previous(pending[0]) or job.chunking.enabled else FirstTexts(
-                    job.corpus_options(), pending[0])
+                first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
+                    else FirstTexts(job.corpus_options(), pending[0], distinct=job.corpus.deduplicate)
                 if first is not None:
                     first.read(MIN_HEAD_START_TEXTS)  # before the servers are met: the wave is planned at once
 
@@ -317,9 +320,15 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 finally:
                     if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
                         summary.chunking.add_tokenize(chunking.source.release())
-                context = _context(job, fleet, kept, chunking, quantization)
+                if job.corpus.deduplicate:
+                    dedup = Dedup.for_run(job.client.request_timeout)
+                moved = index_moved_texts(store, manifest) if _moved_lookup(job, manifest) else None
+                context = _context(job, fleet, kept, chunking, quantization, dedup, moved)
                 tasks = _tasks(job, senders, pending)
                 head = None if first is None else send_head_start(first, senders)
+                if first is not None and head is not None and dedup is not None:  # the first shard sends them
+                    dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
+                                                      for text in first.texts[:head.count]))
                 wait_from = time.monotonic()
                 _wait_warm_up(workers_up)
                 waited = time.monotonic() - wait_from
@@ -334,6 +343,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             finally:
                 if wave is not None:
                     wave.stop()
+                if dedup is not None:
+                    ray.kill(dedup.registry, no_restart=True)
                 summary.servers = stop_senders(actors)
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
@@ -448,8 +459,13 @@ def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore, jo
             "to a new output.path")
 
 
+def _moved_lookup(job: JobSpec, manifest: Manifest) -> bool:
+    """Whether shards look their texts up by content hash in the whole earlier output (``pipeline/moved_texts.py``)."""
+    return job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
+
+
 def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: ChunkPlan | None,
-             quantization: Quantization) -> ShardContext:
+             quantization: Quantization, dedup: Dedup | None = None, moved: MovedTexts | None = None) -> ShardContext:
     corpus = job.corpus_options()
     options = {**job.vector_options(), "model": fleet.model_id}
     if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep their hashes)
@@ -467,7 +483,7 @@ def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: Chun
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking)
+                        chunking=chunking, deduplicate=job.corpus.deduplicate, dedup=dedup, moved=moved)
 
 
 def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
@@ -570,6 +586,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 ramp.task_finished(time.monotonic())
                 if last_started:  # also for a task that died before it could say so itself
                     streams_done(senders, (s.id for s in shards))
+                if context.dedup is not None:  # what its shards still own, however the task ended
+                    context.dedup.release(s.id for s in shards)
                 try:
                     outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it

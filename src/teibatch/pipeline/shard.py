@@ -15,7 +15,7 @@ import resource
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,8 +29,9 @@ from teibatch.crashpoints import crashpoint
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.dedup import CLAIM_BATCH, ShardCopies
 from teibatch.pipeline.head_start import HeadStart
-from teibatch.pipeline.senders import SenderRef, embedded_in_order
+from teibatch.pipeline.senders import SenderRef, embed_through_senders, embedded_in_order
 from teibatch.sink import (
     DOCUMENTS_DIR,
     REJECTS_DIR,
@@ -43,6 +44,7 @@ from teibatch.sink import (
     warm_up,
     write_part,
 )
+from teibatch.tei import EmbedResult
 from teibatch.tei.work import RETRYABLE_FAILURES, Failure
 
 # CPU priority of shard tasks (0 normal, 19 lowest): below the senders and local servers. A private Ray
@@ -60,6 +62,7 @@ class ShardOutcome:
     rows: int
     rejects: int
     reused: int = 0
+    deduplicated: int = 0  # written with the vector of the same text sent once for another id of the run
     truncated: int = 0  # embedded now from a cut text (the ``truncated`` column), reused ones not counted
     reject_reasons: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -96,7 +99,7 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     yield_to_senders()
     if context.chunking is not None:
         limit_tokenizer_threads()
-    if context.schema.kept or any(previous):
+    if context.schema.kept or any(previous) or context.moved is not None:
         warm_up_once()
     node = ray.get_runtime_context().get_node_id()
     try:
@@ -174,7 +177,10 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     outcome's ``unfinished`` says how many: the driver does not commit the shard.
 
     ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
-    document (or chunk) whose id and content hash are found there keeps its vector and is not sent again.
+    document (or chunk) whose id and content hash are found there keeps its vector and is not sent again,
+    as does one whose text ``context.moved`` finds elsewhere in the earlier output.
+    With ``context.deduplicate``, a text another unit of the run sends is not sent again: its vector
+    is copied (``pipeline/dedup.py``).
     ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
     """
     started = time.monotonic()
@@ -193,62 +199,131 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     store = OutputStore(context.output, context.output_options)
     fresh: Iterable[tuple[int, str]] = units.expand(read_documents(), documents, rejects)
     known: dict[str, tuple[str, Vector, bool]] = {}
-    if previous_parts:  # which vectors can be kept is known only once every id is
+    moved: dict[str, tuple[str, Vector, bool]] = {}
+    if previous_parts or context.moved is not None:  # which vectors can be kept is known only once every id is
         fresh = list(fresh)
-        known = read_vectors(store, previous_parts, set(units.ids), context.schema)
+        known = read_vectors(store, previous_parts, set(units.ids), context.schema) if previous_parts else {}
+        if context.moved is not None:  # a text found under another id, in other files
+            moved = context.moved.find(store, (units.hashes[u] for u, _ in fresh
+                                               if known.get(units.ids[u], ("",))[0] != units.hashes[u]),
+                                       context.schema)
+        head = None
     to_embed: list[int] = []
     reused: Reused = {}
+    copies = ShardCopies(shard.id, units.hashes, context.dedup) if context.deduplicate else None
 
     def texts_to_embed() -> Iterator[str]:
+        batch: list[tuple[int, str]] = []
         for unit, text in fresh:
             previous = known.get(units.ids[unit])
             if previous is not None and previous[0] == units.hashes[unit]:
                 reused[unit] = previous
-            else:
+            elif units.hashes[unit] in moved:
+                reused[unit] = moved[units.hashes[unit]]
+            elif copies is None:
                 to_embed.append(unit)
                 yield text
+            else:
+                batch.append((unit, text))
+                if len(batch) >= CLAIM_BATCH:
+                    yield from send(batch)
+                    batch = []
+        yield from send(batch)
+
+    def send(batch: list[tuple[int, str]]) -> Iterator[str]:
+        for unit, text in copies.decide(batch) if copies is not None else batch:
+            to_embed.append(unit)
+            yield text
 
     failed: dict[int, Reject] = {}  # by document: its first unit the servers finally refused
     unfinished: list[Failure] = []
     truncated = 0
-    with VectorsPart(context.schema, context.write) as part:
-        rows = RowsInOrder(part, context.schema, documents, units, reused)
-        # Reading streams into the senders (the first chunk is on its way before the shard is read), and
-        # the vectors into the part as they come back: after the last one, only its last group is left.
-        for start, result in embedded_in_order(texts_to_embed(), senders, priority=task_started, stream=shard.id,
-                                               head=None if previous_parts else head):
-            positions = to_embed[start:start + len(result.ok)]
-            for failure in result.failures:
-                unit = positions[failure.position]
-                if failure.reason in RETRYABLE_FAILURES:
-                    unfinished.append(failure)
-                elif units.doc[unit] not in failed:
-                    failed[units.doc[unit]] = Reject(documents[units.doc[unit]].id, failure.reason,
-                                                     units.describe(unit) + failure.detail)
-            if not unfinished:  # else nothing is written: the part is not worth encoding
-                rows.add(positions, result)
-                truncated += int(np.count_nonzero(result.truncated & result.ok))
-        read = len(documents) + len(rejects)
-        if unfinished:
-            return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=len(reused),
-                                seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
-                                unfinished=len(unfinished),
-                                unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
-        rows.finish()
-        rejects += failed.values()
-        # Rejects first, then the documents part: the vectors part is the one a reader sees, so it comes last.
-        write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects], [r.reason for r in rejects],
-                                                               [r.detail for r in rejects]), context.write)
-        if context.chunking is not None and context.chunking.document_vector:
-            write_part(store, DOCUMENTS_DIR, shard.id, _documents_part(context.schema, rows.document_rows),
-                       context.write)
-        crashpoint("shard-write")
-        part.commit(store, VECTORS_DIR, shard.id)
+
+    def take(units_sent: list[int], result: EmbedResult, *, late: bool = False) -> None:
+        """The servers' answers for ``units_sent``: final rejects, failures to send again, what copies them
+        (``late``: units another shard was to send, whose vectors are not published again)."""
+        nonlocal truncated
+        refused = []
+        for failure in result.failures:
+            unit = units_sent[failure.position]
+            if failure.reason in RETRYABLE_FAILURES:
+                unfinished.append(failure)
+                continue
+            refused.append(unit)
+            refusals[unit] = failure
+            if units.doc[unit] not in failed:
+                failed[units.doc[unit]] = Reject(documents[units.doc[unit]].id, failure.reason,
+                                                 units.describe(unit) + failure.detail)
+        truncated += int(np.count_nonzero(result.truncated & result.ok))
+        if copies is not None:
+            copies.landed(units_sent, result.vectors, result.ok, result.truncated, refused,
+                          publish=not late)
+
+    refusals: dict[int, Failure] = {}
+    held: deque[tuple[list[int], EmbedResult]] = deque()  # results waiting for copies before them
+    try:
+        with VectorsPart(context.schema, context.write) as part:
+            rows = RowsInOrder(part, context.schema, documents, units, reused,
+                               copies.copies if copies is not None else None,
+                               copies.late if copies is not None else None)
+
+            def hand_over() -> None:
+                """Results whose units, and every copy before them, are final, to the part (in order)."""
+                while held and not unfinished and (copies is None or copies.final_through(held[0][0][-1])):
+                    rows.add(*held.popleft())
+
+            # Reading streams into the senders (the first chunk is on its way before the shard is read), and
+            # the vectors into the part as they come back: after the last one, only its last group is left.
+            for start, result in embedded_in_order(texts_to_embed(), senders, priority=task_started,
+                                                   stream=shard.id, head=head):
+                positions = to_embed[start:start + len(result.ok)]
+                take(positions, result)
+                if positions and not unfinished:  # else nothing is written: the part is not worth encoding
+                    held.append((positions, result))
+                    hand_over()
+                    if held and copies is not None and copies.waiting:
+                        copies.peek()
+                        hand_over()
+            if copies is not None and not unfinished:
+                late = copies.wait()  # what other shards sent for this one; the rest it sends itself
+                if late:
+                    take([unit for unit, _ in late], embed_through_senders(
+                        [text for _, text in late], senders, context.schema.dimension, priority=task_started),
+                        late=True)
+                hand_over()
+            read = len(documents) + len(rejects)
+            if unfinished:
+                return ShardOutcome(shard_id=shard.id, read=read, rows=0, rejects=0, reused=len(reused),
+                                    seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
+                                    unfinished=len(unfinished),
+                                    unfinished_detail=f"{unfinished[0].reason}: {unfinished[0].detail}")
+            if held:
+                raise RuntimeError(f"shard {shard.id}: {len(held)} results still wait for copies of other texts")
+            rows.finish()
+            if copies is not None:  # a copy of a text the servers refused is refused the same way
+                for copy, first in copies.refused.items():
+                    failure = refusals[first]
+                    failed.setdefault(units.doc[copy], Reject(documents[units.doc[copy]].id, failure.reason,
+                                                               units.describe(copy) + failure.detail))
+                truncated += sum(1 for _, _, cut in copies.copies.values() if cut)
+            rejects += failed.values()
+            # Rejects first, then the documents part: the vectors part is the one a reader sees, so it comes last.
+            write_part(store, REJECTS_DIR, shard.id, rejects_table([r.id for r in rejects],
+                                                                   [r.reason for r in rejects],
+                                                                   [r.detail for r in rejects]), context.write)
+            if context.chunking is not None and context.chunking.document_vector:
+                write_part(store, DOCUMENTS_DIR, shard.id, _documents_part(context.schema, rows.document_rows),
+                           context.write)
+            crashpoint("shard-write")
+            part.commit(store, VECTORS_DIR, shard.id)
+    finally:
+        if copies is not None:
+            copies.release()
     if context.chunking is not None:
         rows.tally.document_tokens = units.document_tokens
     return ShardOutcome(
         shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused), truncated=truncated,
-        reject_reasons=dict(Counter(r.reason for r in rejects)),
+        deduplicated=rows.deduplicated, reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
         chunks=rows.tally if context.chunking is not None else None,
     )

@@ -30,6 +30,7 @@ class RunSummary:
     embedded: int = 0
     reused: int = 0
     truncated: int = 0
+    deduplicated: int = 0  # of the embedded: their text was sent once for another id of the run
     rejected: Counter[str] = field(default_factory=Counter)
     nodes: Counter[str] = field(default_factory=Counter)
     worker_peak_rss_mb: float = 0.0
@@ -57,11 +58,13 @@ class RunSummary:
         if outcome.chunks is not None:  # rows are chunks: count documents
             self.embedded += outcome.chunks.documents - outcome.chunks.documents_reused
             self.reused += outcome.chunks.documents_reused
+            self.deduplicated += outcome.chunks.documents_deduplicated
             if self.chunking is not None:
                 self.chunking.add(outcome.chunks)
         else:
             self.embedded += outcome.rows - outcome.reused
             self.reused += outcome.reused
+            self.deduplicated += outcome.deduplicated
         self.truncated += outcome.truncated
         self.rejected.update(outcome.reject_reasons)
         if outcome.node:
@@ -75,7 +78,8 @@ class RunSummary:
             "shards": {"total": self.shards_total, "skipped_committed": self.shards_skipped,
                        "committed": self.shards_committed, "failed": self.shards_failed},
             "documents": {"read": self.documents_read, "embedded": self.embedded, "truncated": self.truncated,
-                          "skipped_unchanged": self.reused, "rejected": self.rejected_total,
+                          "deduplicated": self.deduplicated, "skipped_unchanged": self.reused,
+                          "rejected": self.rejected_total,
                           "waiting_for_servers": self.unfinished,
                           "rejected_by_reason": dict(sorted(self.rejected.items()))},
             "shards_per_node": dict(sorted(self.nodes.items())),

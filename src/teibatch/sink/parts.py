@@ -339,9 +339,11 @@ def warm_up() -> None:
 
 
 def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
-                 schema: VectorSchema | None = None) -> dict[str, tuple[str, np.ndarray | SparseVector, bool]]:
+                 schema: VectorSchema | None = None,
+                 by: str = "id") -> dict[str, tuple[str, np.ndarray | SparseVector, bool]]:
     """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``;
-    float32 vectors, or with ``schema.sparse`` each a :class:`~teibatch.sparse.SparseVector`.
+    float32 vectors, or with ``schema.sparse`` each a :class:`~teibatch.sparse.SparseVector`. With
+    ``by="content_hash"``, ``content_hash → …`` for the rows whose hash is in ``ids``.
 
     ``schema``: the output's, whose :attr:`~VectorSchema.rule` the parts were written with (float32
     without it). A quantized part gives its ``embedding_float`` column when it has one, else each stored vector's
@@ -361,7 +363,7 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
                 table = parquet.read(columns=["id", "content_hash", *vector_columns, "truncated"])
         except FileNotFoundError:
             continue
-        part_ids = table.column("id").to_pylist()
+        part_ids = table.column(by).to_pylist()
         wanted = [i for i, doc_id in enumerate(part_ids) if doc_id in ids]
         if not wanted:
             continue
@@ -382,9 +384,9 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
                 exact = (rule.quantize(vectors) == stored).all(axis=1)
         hashes = table.column("content_hash").to_pylist()
         flags = table.column("truncated").to_pylist()
-        for row, doc_id in enumerate(table.column("id").to_pylist()):
+        for row, key in enumerate(table.column(by).to_pylist()):
             if exact[row]:
-                found[doc_id] = (hashes[row], vectors[row], flags[row])
+                found[key] = (hashes[row], vectors[row], flags[row])
     return found
 
 

@@ -1,0 +1,345 @@
+"""Identical texts in one run (same content hash): each is sent once, its vector written for every id.
+
+Within a shard, the first unit (document, or chunk) with a hash is sent and every later one with the
+same hash copies its vector when it comes back (:class:`ShardCopies`).
+
+Across the shards of a run, one :class:`DedupRegistry` actor (on the driver's node, no CPU) holds
+each hash a shard has claimed:
+
+* A shard claims its texts' hashes before it sends them, a batch at a time. The first shard to
+  claim a hash owns it: it sends the text and publishes the vector when it comes back. A shard
+  that finds the hash claimed sends nothing for it and takes the vector from the registry *after*
+  it has sent all of its own texts. Nobody waits while holding a text others need, so no two
+  shards can wait for each other.
+* An owner that cannot deliver never leaves a waiter stuck: a text the servers refused is
+  given up at once (:meth:`DedupRegistry.abandon`), everything a shard still owns is given up
+  when it ends (by the shard, and by the driver when its task ends, however it ends), and every
+  wait is bounded. A hash given up (or forgotten, below) is sent by each waiter itself. A task
+  that Ray retries keeps its claims: the same shard id claims the same hashes again.
+* Bounded memory: at most :data:`DEDUP_MAX_TEXTS` hashes and :data:`DEDUP_KEEP_BYTES` of vectors;
+  beyond that the oldest published vectors are forgotten, and a later copy of such a text is
+  sent again. Only the copies sent change: never which rows are written, nor their vectors (a
+  copy gets the very vector its text got from the servers).
+
+A registry that dies takes dedup with it, not the run: every shard then sends what it has not
+got a vector for. Each shard holds its own texts' vectors until it ends (its ``shard_docs`` ×
+dimension × 4 bytes at most), and the texts of the copies it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from teibatch.sparse import Vector, stack_rows
+
+DEDUP_MAX_TEXTS = 2_000_000
+DEDUP_KEEP_BYTES = 256 * 1024 * 1024
+# Hashes a shard claims in one call: its texts are read this far ahead of sending.
+CLAIM_BATCH = 512
+# How long a shard waits for the vectors other shards send for it, in request timeouts (plus a
+# margin): by then their requests have failed or timed out, and the shard sends the texts itself.
+WAIT_TIMEOUTS = 4
+WAIT_MARGIN_S = 30.0
+
+
+def hash_key(content_hash: str) -> bytes:
+    """The registry's key of a content hash (its 16 bytes)."""
+    return bytes.fromhex(content_hash)
+
+
+@dataclass
+class _Entry:
+    owner: str
+    vector: Vector | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What :meth:`DedupRegistry.take` found: the vectors at ``found``'s positions, and the positions
+    (``gone``) of texts no shard will send for the caller: it sends them itself."""
+
+    found: list[int]
+    vectors: np.ndarray
+    truncated: list[bool]
+    gone: list[int]
+
+
+class DedupRegistry:
+    """The run's content hashes: who sends each one, and its vector once back. Methods run on one
+    event loop (a Ray asyncio actor), so each runs whole between two others."""
+
+    def __init__(self, max_texts: int = DEDUP_MAX_TEXTS, keep_bytes: int = DEDUP_KEEP_BYTES) -> None:
+        self._max_texts, self._keep_bytes = max_texts, keep_bytes
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._owned: dict[str, set[bytes]] = {}  # per shard, what it owns and has not published
+        self._bytes = 0
+        self._changed = asyncio.Event()
+
+    async def claim(self, shard: str, keys: list[bytes]) -> list[bool]:
+        """For each key: ``True`` when ``shard`` sends it (first to claim it, or claimed by it before),
+        ``False`` when another shard does or did (take its vector with :meth:`take`)."""
+        mine = []
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._entries[key] = _Entry(shard)
+                self._owned.setdefault(shard, set()).add(key)
+            mine.append(entry is None or (entry.vector is None and entry.owner == shard))
+        self._forget_oldest()
+        return mine
+
+    async def publish(self, shard: str, keys: list[bytes], vectors: np.ndarray, truncated: list[bool]) -> None:
+        """The vectors of texts ``shard`` sent, back from the servers."""
+        for key, vector, cut in zip(keys, vectors, truncated, strict=True):
+            entry = self._entries.get(key)
+            if entry is None or entry.vector is not None:
+                continue
+            self._owned.get(entry.owner, set()).discard(key)
+            entry.vector, entry.truncated = vector.copy(), bool(cut)
+            self._bytes += entry.vector.nbytes
+        self._forget_oldest()
+        self._wake()
+
+    async def abandon(self, shard: str, keys: list[bytes]) -> None:
+        """``shard`` will not publish ``keys`` (the servers refused those texts): their waiters send them."""
+        owned = self._owned.get(shard, set())
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None and entry.vector is None and entry.owner == shard:
+                del self._entries[key]
+                owned.discard(key)
+        self._wake()
+
+    async def release(self, shards: list[str]) -> None:
+        """``shards`` have ended (or their task has): what they own and did not publish is given up."""
+        for shard in shards:
+            for key in self._owned.pop(shard, set()):
+                entry = self._entries.get(key)
+                if entry is not None and entry.vector is None and entry.owner == shard:
+                    del self._entries[key]
+        self._wake()
+
+    async def take(self, keys: list[bytes], timeout: float) -> Taken:
+        """The vectors of ``keys`` that other shards send, waiting at most ``timeout`` seconds for the
+        ones still on their way; what is still on its way then is neither found nor gone."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            changed = self._changed
+            found, gone, waiting = [], [], False
+            for position, key in enumerate(keys):
+                entry = self._entries.get(key)
+                if entry is None:
+                    gone.append(position)
+                elif entry.vector is not None:
+                    found.append(position)
+                else:
+                    waiting = True
+            left = deadline - loop.time()
+            if not waiting or left <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                continue  # one last look
+        vectors = [vector for p in found if (vector := self._entries[keys[p]].vector) is not None]
+        return Taken(found, stack_rows(vectors), [self._entries[keys[p]].truncated for p in found], gone)
+
+    def stats(self) -> dict[str, int]:
+        """Hashes held, and bytes of vectors."""
+        return {"texts": len(self._entries), "vector_bytes": self._bytes}
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _forget_oldest(self) -> None:
+        """Forget the oldest published vectors while over either bound (unpublished hashes are kept:
+        they are few, as many as the shards have on their way)."""
+        for _ in range(len(self._entries)):
+            if len(self._entries) <= self._max_texts and self._bytes <= self._keep_bytes:
+                return
+            key, entry = self._entries.popitem(last=False)
+            if entry.vector is None:
+                self._entries[key] = entry  # on its way: to the back
+            else:
+                self._bytes -= entry.vector.nbytes
+
+
+def start_registry() -> Any:
+    """The run's registry actor, on this (the driver's) node when it can; not restarted if it dies."""
+    here = ray.get_runtime_context().get_node_id()
+    actor_class = ray.remote(DedupRegistry).options(  # type: ignore[arg-type]
+        num_cpus=0, max_restarts=0, max_concurrency=1000,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True))
+    return actor_class.remote()
+
+
+@dataclass(frozen=True)
+class Dedup:
+    """Deduplication as shard tasks see it: the registry actor, and how long a shard waits for copies."""
+
+    registry: Any  # ray.actor.ActorHandle of DedupRegistry
+    wait_s: float
+
+    @classmethod
+    def for_run(cls, request_timeout: float) -> Dedup:
+        return cls(start_registry(), WAIT_TIMEOUTS * request_timeout + WAIT_MARGIN_S)
+
+    def claim_first(self, shard: str, hashes: Iterable[str]) -> None:
+        """Claim for ``shard`` the hashes of the texts the driver sent for it (its head start), before any task runs."""
+        ray.get(self.registry.claim.remote(shard, [hash_key(h) for h in hashes]))
+
+    def release(self, shards: Iterable[str]) -> None:
+        """The task of ``shards`` has ended: give up what they still own (it does not wait)."""
+        self.registry.release.remote(list(shards))
+
+
+@dataclass
+class ShardCopies:
+    """One shard's side of deduplication: which of its units it sends, which copy another unit's
+    vector (:attr:`copies`, ready for its rows), and which still wait.
+
+    ``dedup`` ``None``: only copies within the shard. A registry that fails stops being asked.
+    """
+
+    shard: str
+    hashes: list[str]  # per unit (``Units.hashes``)
+    dedup: Dedup | None = None
+    copies: dict[int, tuple[str, Vector, bool]] = field(default_factory=dict)
+    late: dict[int, tuple[str, Vector, bool]] = field(default_factory=dict)
+    """Units another shard was to send, sent by this one after all (:meth:`wait`): not copies."""
+    refused: dict[int, int] = field(default_factory=dict)
+    """Copies whose text the servers refused for good when this shard sent it: copy → the unit sent."""
+    _first: dict[str, int] = field(default_factory=dict)  # hash → its first unit (sent here or by another shard)
+    _source: dict[int, int] = field(default_factory=dict)  # copy not final yet → its hash's first unit
+    _foreign: dict[int, str] = field(default_factory=dict)  # first unit another shard sends → its text
+    _landed: dict[int, tuple[np.ndarray, bool]] = field(default_factory=dict)  # first units' vectors
+    _refused_firsts: set[int] = field(default_factory=set)
+    _waiting: list[int] = field(default_factory=list)  # heap of units that may not be final yet
+
+    def decide(self, batch: Sequence[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+        """The units of ``batch`` (``(unit, text)``, in order) that this shard sends; the others are
+        copies of a unit before them, or of one that another shard sends."""
+        firsts: list[tuple[int, str]] = []
+        for unit, text in batch:
+            first = self._first.setdefault(self.hashes[unit], unit)
+            if first == unit:
+                firsts.append((unit, text))
+            elif first in self._landed:
+                self.copies[unit] = (self.hashes[unit], *self._landed[first])
+            elif first in self._refused_firsts:
+                self.refused[unit] = first
+            else:
+                self._source[unit] = first
+                heapq.heappush(self._waiting, unit)
+        for (unit, text), own in zip(firsts, self._claim([u for u, _ in firsts]), strict=True):
+            if own:
+                yield unit, text
+            else:
+                self._foreign[unit] = text
+                heapq.heappush(self._waiting, unit)
+
+    def landed(self, units: Sequence[int], vectors: np.ndarray, ok: np.ndarray, truncated: np.ndarray,
+               refused: Iterable[int] = (), *, publish: bool = True) -> None:
+        """The servers' answers for ``units``, sent by this shard (``refused``: those refused for good):
+        their copies become final, and the registry gets the vectors (``publish``) or gives the refused
+        texts up (their waiters send them)."""
+        sent = [i for i, unit in enumerate(units) if ok[i]]
+        for i in sent:
+            unit = units[i]
+            self._landed[unit] = (vectors[i], bool(truncated[i]))
+            if self._foreign.pop(unit, None) is not None:
+                self.late[unit] = (self.hashes[unit], *self._landed[unit])
+        refused = list(refused)
+        self._refused_firsts.update(refused)
+        for unit in refused:
+            self._foreign.pop(unit, None)
+        if publish and sent:
+            self._call(lambda r: r.publish.remote(self.shard, [hash_key(self.hashes[units[i]]) for i in sent],
+                                                  vectors[sent], [bool(truncated[i]) for i in sent]))
+        if publish and refused:
+            self._call(lambda r: r.abandon.remote(self.shard, [hash_key(self.hashes[u]) for u in refused]))
+        self._resolve()
+
+    def final_through(self, unit: int) -> bool:
+        """Whether every copy and foreign unit up to ``unit`` is final (its rows can be handed over)."""
+        while self._waiting and self._is_final(self._waiting[0]):
+            heapq.heappop(self._waiting)
+        return not self._waiting or self._waiting[0] > unit
+
+    @property
+    def waiting(self) -> bool:
+        """Whether some of this shard's units wait for the vector of a text another shard sends."""
+        return bool(self._foreign)
+
+    def peek(self) -> None:
+        """Take, without waiting, the vectors other shards have published for this one so far."""
+        self._take(0.0)
+
+    def wait(self) -> list[tuple[int, str]]:
+        """Take the vectors other shards send for this one (waiting at most ``wait_s``); return the
+        units (and texts) nobody will send for it: this shard sends them itself, then calls
+        :meth:`landed` with them (``publish=False``)."""
+        self._take(self.dedup.wait_s if self.dedup is not None else 0.0)
+        return list(self._foreign.items())
+
+    def release(self) -> None:
+        """This shard ends: what it owns and did not publish is given up (its waiters send it)."""
+        self._call(lambda r: r.release.remote([self.shard]))
+
+    def _is_final(self, unit: int) -> bool:
+        return unit in self.copies or unit in self.refused or unit in self._landed or unit in self._refused_firsts
+
+    def _resolve(self) -> None:
+        """Copies whose first unit has its vector now (or was refused) are final."""
+        for unit, first in list(self._source.items()):
+            if first in self._landed:
+                self.copies[unit] = (self.hashes[unit], *self._landed[first])
+                del self._source[unit]
+            elif first in self._refused_firsts:
+                self.refused[unit] = first
+                del self._source[unit]
+        for unit in [u for u in self._foreign if u in self._landed]:
+            del self._foreign[unit]
+
+    def _take(self, timeout: float) -> None:
+        if not self._foreign or self.dedup is None:
+            return
+        units = list(self._foreign)
+        taken: Taken | None = self._call(lambda r: ray.get(r.take.remote(
+            [hash_key(self.hashes[u]) for u in units], timeout)))
+        if taken is None:  # no registry any more: this shard sends them all itself
+            return
+        for row, position in enumerate(taken.found):
+            unit = units[position]
+            self._landed[unit] = (taken.vectors[row], taken.truncated[row])
+            self.copies[unit] = (self.hashes[unit], *self._landed[unit])
+        self._resolve()
+
+    def _claim(self, units: list[int]) -> list[bool]:
+        if not units or self.dedup is None:
+            return [True] * len(units)
+        mine: list[bool] | None = self._call(lambda r: ray.get(r.claim.remote(
+            self.shard, [hash_key(self.hashes[u]) for u in units])))
+        return [True] * len(units) if mine is None else mine
+
+    def _call(self, call: Callable[[Any], Any]) -> Any:
+        """``call`` on the registry; ``None`` (and no registry from now on) if it is gone."""
+        if self.dedup is None:
+            return None
+        try:
+            return call(self.dedup.registry)
+        except ray.exceptions.RayError:
+            self.dedup = None
+            return None
