@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from teibatch.corpus.chunking import Chunker, ChunkingOptions
-from teibatch.corpus.token_count import HFTokenCounter
+from teibatch.corpus.token_count import HFTokenCounter, punctuation_cuts
 from teibatch.corpus.word_counts import LONG_WORD_CHARS, SPACE, WordCounter, WordOffsets
 
 WORD_RULES = ("minilm", "wordpiece")  # the rules whose counts add up at whitespace
@@ -18,13 +18,15 @@ WORD_RULES = ("minilm", "wordpiece")  # the rules whose counts add up at whitesp
 # Words and separators that try the word path's promise: accents (composed, combining, alone after
 # a space), text without spaces (CJK, base64, one long word), emoji (joined, flags), punctuation
 # runs, characters the normalizer drops (control, zero-width, U+0085) and whitespace the word path
-# does not split at (U+3000, no-break space, vertical tab, U+001C), and added tokens.
+# does not split at (U+3000, no-break space, vertical tab, U+001C), added tokens, and code (whose
+# pieces between ASCII punctuation are counted apart).
 WORDS = ["the", "Quick", "naïve", "cafe\u0301", "\u0301", "\u0301accent", "Ǆemo", "İstanbul", "ﬁne", "ß",
          "日本語のテキストです", "中文句子也在这里", "한국어", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODkrLw==",
          "antidisestablishmentarianism" * 5, "x" * (LONG_WORD_CHARS + 1), "日本" * 80, "🙂", "👩‍👩‍👧", "🇫🇷🇩🇪",
          "...", "?!?!", "--->", "«»", "(a)", "e.g.", "3.14", "don't", "C++", "foo_bar", "\x00", "\x07bell",
          "\u200b", "zero\u200bwidth", "\ufffd", "[MASK]", "[CLS]x", "a[SEP]b", "\x85", "\u3000", "a\xa0b",
-         "\x0b", "x\x1cy", "\U0001d400", "\ud7ff"]
+         "\x0b", "x\x1cy", "\U0001d400", "\ud7ff", "self._sock.sendall(data)", "os.path.join(a,b)",
+         "x[MASK]y.z", "[MASK].", "a.[CLS]", "[[SEP]]", "«a».b", "x.\u0301y", "_.\x00._", "日本.語"]
 SEPARATORS = [" ", " ", " ", "", "\n", "\n\n", "\t", "\r\n", "  ", " \t ", "\u3000", "\x85"]
 PROPERTY_SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -84,17 +86,22 @@ def small(token_rules: Any, name: str) -> HFTokenCounter:
     return _small[name]
 
 
-def words_of(token_rules: Any, name: str, max_words: int = 64) -> WordCounter:
+def words_of(token_rules: Any, name: str, max_words: int = 64, *, pieces: bool = True) -> WordCounter:
+    """A word counter over the rule's tokenizer; ``pieces``: counting words not seen by their pieces
+    between ASCII punctuation, as HFTokenCounter does for BERT's pre-tokenizer."""
     counter = plain(token_rules, name)
-    return WordCounter(counter._tok, max_words)
+    keep_whole = punctuation_cuts(json.loads(counter._tok.to_str())) if pieces else None
+    assert (keep_whole is not None) is pieces
+    return WordCounter(counter._tok, max_words, keep_whole)
 
 
+@pytest.mark.parametrize("pieces", [True, False], ids=["pieces", "words"])
 @pytest.mark.parametrize("rule_name", WORD_RULES)
 @PROPERTY_SETTINGS
 @given(batch=st.lists(texts, min_size=1, max_size=5))
-def test_counts_and_offsets_are_the_tokenizers(token_rules, rule_name: str, batch: list[str]) -> None:
+def test_counts_and_offsets_are_the_tokenizers(token_rules, rule_name: str, pieces: bool, batch: list[str]) -> None:
     reference = plain(token_rules, rule_name)
-    words = words_of(token_rules, rule_name, max_words=16)  # small: words are dropped and counted again
+    words = words_of(token_rules, rule_name, max_words=16, pieces=pieces)  # small: words dropped, counted again
     expected = reference.offsets(batch)
     special = reference.special_tokens
     for _ in range(2):  # the second time from the cache
@@ -158,6 +165,16 @@ def test_repeated_words_are_encoded_once_and_offsets_only_where_read(token_rules
     assert counter.encoded_words == len(recording.encoded) == 8 + 1
 
 
+def test_code_words_not_seen_are_counted_by_their_pieces(token_rules) -> None:
+    recording = RecordingTokenizer(plain(token_rules, "minilm")._tok)
+    counter = WordCounter(recording, keep_whole=["[MASK]"])
+    text = "self.sock.send(data) self.sock.close() x[MASK].y"
+    assert counter.counts([text]) == [plain(token_rules, "minilm").counts([text])[0] - 2]
+    assert sorted(text for batch in recording.batches for text in batch) \
+        == sorted(["self", ".", "sock", "send", "(", "data", ")", "close", "x[MASK].y"])  # an added token: whole
+    assert counter.counts(["self.close(data)"]) == [6] and len(recording.batches) == 2  # all pieces known
+
+
 def test_long_words_are_encoded_with_their_offsets_and_not_kept(token_rules) -> None:
     recording = RecordingTokenizer(plain(token_rules, "minilm")._tok)
     counter = WordCounter(recording)
@@ -170,7 +187,7 @@ def test_long_words_are_encoded_with_their_offsets_and_not_kept(token_rules) -> 
 
 
 def test_the_cache_is_bounded_and_drops_its_oldest_half(token_rules) -> None:
-    counter = words_of(token_rules, "wordpiece", max_words=10)
+    counter = words_of(token_rules, "wordpiece", max_words=10, pieces=False)
     first = [f"w{i}" for i in range(10)]
     counter.counts([" ".join(first[:5])])
     counter.counts([" ".join(first[5:])])

@@ -17,6 +17,7 @@ counter too: :class:`teibatch.tei.tokenize.RouteTokenCounter`.
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ _LOCAL_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "P
 _WHITESPACE_SPLITTERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"}
 _WORD_MODELS = {"WordPiece", "WordLevel", "BPE", "Unigram"}
 _FIXED_POST_PROCESSORS = {"BertProcessing", "RobertaProcessing", "TemplateProcessing"}
+_ASCII_PUNCTUATION = frozenset(string.punctuation)
 
 
 class TokenCounter(Protocol):
@@ -80,7 +82,8 @@ class HFTokenCounter:
         self.cuts = cut_rule(parsed)
         # An added token that strips the whitespace beside it takes that whitespace into its offsets,
         # which a word encoded alone does not have: such a tokenizer is encoded whole.
-        self.words = WordCounter(self._tok, cache_words) if by_words and self.cuts == CUTS_WHITESPACE \
+        self.words = WordCounter(self._tok, cache_words, punctuation_cuts(parsed)) \
+            if by_words and self.cuts == CUTS_WHITESPACE \
             and not any(token.get("lstrip") or token.get("rstrip") for token in parsed.get("added_tokens") or ()) \
             else None
         # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which counting does not need.
@@ -153,6 +156,20 @@ def cut_rule(config: dict[str, Any]) -> str:
     if any(any(ch.isspace() for ch in token.get("content", "")) for token in config.get("added_tokens") or ()):
         return CUTS_NONE
     return CUTS_WHITESPACE
+
+
+def punctuation_cuts(config: dict[str, Any]) -> list[str] | None:
+    """Where counts also add up at each ASCII punctuation character (BERT's pre-tokenizer makes
+    each one a token of its own, and the normalizers ``cut_rule`` allows leave them as they are): the
+    added tokens' texts, which a piece of text holding one must be counted whole; else ``None``.
+    An added token matched after normalization that holds such a character says ``None`` too."""
+    if (config.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
+        return None
+    added = config.get("added_tokens") or ()
+    if any(token.get("normalized", True) and any(ch in _ASCII_PUNCTUATION for ch in token.get("content", ""))
+           for token in added):
+        return None
+    return [token["content"] for token in added if token.get("content")]
 
 
 def _types(part: dict[str, Any] | None) -> set[str]:

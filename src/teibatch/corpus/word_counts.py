@@ -6,7 +6,9 @@ tokens are its words' tokens one after the other, and its count is the sum of it
 (plus the special tokens). Natural text repeats its words, so :class:`WordCounter` keeps the count
 of each word it has seen (:data:`DEFAULT_CACHE_WORDS` at most) and sends only the words it has not
 seen to the tokenizer, in one ``encode_batch`` per call: that is what makes the chunker count
-faster than the tokenizer encodes.
+faster than the tokenizer encodes. Where BERT's pre-tokenizer also makes each ASCII punctuation
+character a token of its own, a word not seen is counted as its pieces between them, so that
+code (``self._sock.send(data)``), whose whole words rarely repeat, is counted from its names.
 
 Nothing is approximated. A word is the text between the characters of :data:`SPACE` (which every
 such tokenizer splits at); a word's tokens alone are its tokens in the text, moved by the word's
@@ -37,26 +39,35 @@ LONG_WORD_CHARS = 128
 repeat, and the chunker usually needs their offsets, so they are encoded with them at once."""
 
 _SPLIT = re.compile(f"([{SPACE}]+)")
+_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")  # ASCII punctuation, one by one
 
 
 class WordCounter:
     """Counts texts with a ``tokenizers.Tokenizer`` (truncation and padding off) word by word,
-    keeping up to ``max_words`` words' counts. Safe to share between threads."""
+    keeping up to ``max_words`` words' counts. Safe to share between threads.
 
-    def __init__(self, tokenizer: Any, max_words: int = DEFAULT_CACHE_WORDS) -> None:
+    Where counts also add up at each ASCII punctuation character (BERT's pre-tokenizer makes each
+    one a token of its own), ``keep_whole`` lists the added tokens' texts (else it is ``None``): a
+    word not seen is then counted as its pieces between those characters (``self._sock.send(data)``
+    as ``self``, ``.``, ``_``, ...), which repeat far more often than whole words in code, unless
+    it holds one of those texts (``[MASK]`` would be cut)."""
+
+    def __init__(self, tokenizer: Any, max_words: int = DEFAULT_CACHE_WORDS,
+                 keep_whole: Sequence[str] | None = None) -> None:
         if max_words < 1:
             raise ValueError(f"max_words must be at least 1, not {max_words}")
         self._tok = tokenizer
         self._max_words = max_words
+        self._keep_whole = None if keep_whole is None else tuple(keep_whole)
         self._counts: dict[str, int] = {}
         self._offsets: dict[str, list[tuple[int, int]]] = {}
-        self.encoded_words = 0  # words sent to the tokenizer so far, whole or for their offsets
+        self.encoded_words = 0  # texts (words or their pieces) sent to the tokenizer so far
         # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which counting does not need.
         self._count_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     @property
     def cached_words(self) -> int:
-        """How many words' counts are kept now."""
+        """How many words' (and pieces') counts are kept now."""
         return len(self._counts)
 
     def counts(self, texts: Sequence[str]) -> list[int]:
@@ -102,16 +113,45 @@ class WordCounter:
 
     def _encode(self, words: list[str], long_offsets: dict[str, list[tuple[int, int]]] | None) -> dict[str, int]:
         """The counts of ``words``, encoded in one batch (two with ``long_offsets``: see _word_counts)."""
-        self.encoded_words += len(words)
         long_words = [word for word in words if len(word) > LONG_WORD_CHARS] if long_offsets is not None else []
         short = [word for word in words if len(word) <= LONG_WORD_CHARS] if long_words else words
-        counts = dict(zip(short, (len(encoding.ids) for encoding in self._count_batch(short, add_special_tokens=False)),
-                          strict=True)) if short else {}
+        counts = self._pieces_counts(short) if self._keep_whole is not None else \
+            self._batch_counts(short)
         if long_words and long_offsets is not None:
+            self.encoded_words += len(long_words)
             for word, encoding in zip(long_words, self._tok.encode_batch(long_words, add_special_tokens=False),
                                       strict=True):
                 long_offsets[word] = encoding.offsets
                 counts[word] = len(encoding.offsets)
+        return counts
+
+    def _batch_counts(self, texts: list[str]) -> dict[str, int]:
+        if not texts:
+            return {}
+        self.encoded_words += len(texts)
+        encodings = self._count_batch(texts, add_special_tokens=False)
+        return dict(zip(texts, (len(encoding.ids) for encoding in encodings), strict=True))
+
+    def _pieces_counts(self, words: list[str]) -> dict[str, int]:
+        """The counts of ``words``, each the sum of its pieces between ASCII punctuation characters
+        (see the class docstring); the pieces not kept are encoded in one batch and kept."""
+        keep_whole = self._keep_whole or ()
+        whole = [word for word in words if any(text in word for text in keep_whole)] if keep_whole else []
+        held = set(whole)
+        split = [word for word in words if word not in held] if held else words
+        pieces = [[piece for piece in _PUNCTUATION.split(word) if piece] for word in split]
+        cache = self._counts
+        known = self._batch_counts([piece for piece in set().union(*pieces) if piece not in cache])
+        _keep(cache, known, self._max_words)
+        counts = self._batch_counts(whole)
+        lost = []  # words with a piece another thread's _keep dropped meanwhile
+        for word, word_pieces in zip(split, pieces, strict=True):
+            piece_counts = [known[piece] if piece in known else cache.get(piece) for piece in word_pieces]
+            if None in piece_counts:
+                lost.append(word)
+            else:
+                counts[word] = sum(piece_counts)  # type: ignore[arg-type]  # no None
+        counts.update(self._batch_counts(lost))
         return counts
 
 
@@ -226,6 +266,7 @@ class WordOffsets(Sequence[tuple[int, int]]):
 def _keep(cache: dict[str, Any], fresh: dict[str, Any], max_words: int) -> None:
     """Add ``fresh`` to ``cache``, first dropping its oldest entries (insertion order is age) when
     it would hold more than ``max_words``: the older half, in one go, so that dropping is rare."""
+    fresh = {word: value for word, value in fresh.items() if word not in cache}  # a piece may be a word too
     overflow = len(cache) + len(fresh) - max_words
     if overflow > 0:
         for word in list(islice(cache, max(overflow, len(cache) // 2))):
