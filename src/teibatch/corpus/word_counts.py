@@ -58,7 +58,9 @@ class WordCounter:
             raise ValueError(f"max_words must be at least 1, not {max_words}")
         self._tok = tokenizer
         self._max_words = max_words
-        self._keep_whole = None if keep_whole is None else tuple(keep_whole)
+        self._by_pieces = keep_whole is not None
+        # one search for all the added tokens' texts (none: a pattern that never matches)
+        self._held = re.compile("|".join(map(re.escape, keep_whole or ())) or r"(?!)")
         self._counts: dict[str, int] = {}
         self._offsets: dict[str, list[tuple[int, int]]] = {}
         self.encoded_words = 0  # texts (words or their pieces) sent to the tokenizer so far
@@ -115,8 +117,7 @@ class WordCounter:
         """The counts of ``words``, encoded in one batch (two with ``long_offsets``: see _word_counts)."""
         long_words = [word for word in words if len(word) > LONG_WORD_CHARS] if long_offsets is not None else []
         short = [word for word in words if len(word) <= LONG_WORD_CHARS] if long_words else words
-        counts = self._pieces_counts(short) if self._keep_whole is not None else \
-            self._batch_counts(short)
+        counts = self._pieces_counts(short) if self._by_pieces else self._batch_counts(short)
         if long_words and long_offsets is not None:
             self.encoded_words += len(long_words)
             for word, encoding in zip(long_words, self._tok.encode_batch(long_words, add_special_tokens=False),
@@ -135,11 +136,10 @@ class WordCounter:
     def _pieces_counts(self, words: list[str]) -> dict[str, int]:
         """The counts of ``words``, each the sum of its pieces between ASCII punctuation characters
         (see the class docstring); the pieces not kept are encoded in one batch and kept."""
-        keep_whole = self._keep_whole or ()
-        whole = [word for word in words if any(text in word for text in keep_whole)] if keep_whole else []
+        whole = [word for word in words if self._held.search(word)]
         held = set(whole)
         split = [word for word in words if word not in held] if held else words
-        pieces = [[piece for piece in _PUNCTUATION.split(word) if piece] for word in split]
+        pieces = [list(filter(None, _PUNCTUATION.split(word))) for word in split]
         cache = self._counts
         known = self._batch_counts([piece for piece in set().union(*pieces) if piece not in cache])
         _keep(cache, known, self._max_words)
