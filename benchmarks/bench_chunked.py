@@ -156,16 +156,20 @@ def chunker_rates(documents: list[str], max_tokens: int, overlap: int, sample: i
     seconds = cpu_seconds(lambda: [chunker.chunk_batch(batch) for batch in batches])
     rows.append((f"chunker, hashing rule (the run's), {len(documents):,} documents", tokens / seconds))
     try:
-        from teibatch.corpus.tokenizer_files import load_token_counter
+        from tokenizers import Tokenizer
 
-        hf = load_token_counter(MINILM)
+        from teibatch.corpus.token_count import HFTokenCounter
+        from teibatch.corpus.tokenizer_files import find_tokenizer_file
+
+        tokenizer = Tokenizer.from_file(str(find_tokenizer_file(MINILM)))
     except Exception as exc:  # tokenizers or the packaged model missing: that part is skipped
         print(f"(no MiniLM tokenizer here: {exc})")
         return rows
+    hf, whole = HFTokenCounter(tokenizer), HFTokenCounter(tokenizer, by_words=False)  # the chunker's; the baseline
     batches = [documents[i:min(i + CHUNK_BATCH_DOCS, sample)] for i in range(0, min(sample, len(documents)),
                                                                          CHUNK_BATCH_DOCS)]
     offsets: list[list[tuple[int, int]]] = []
-    seconds = cpu_seconds(lambda: [offsets.extend(hf.offsets(batch)) for batch in batches])
+    seconds = cpu_seconds(lambda: [offsets.extend(whole.offsets(batch)) for batch in batches])
     tokens = sum(len(o) for o in offsets)
     rows.append((f"tokenizers encode_batch, MiniLM, {sum(map(len, batches)):,} documents", tokens / seconds))
     chunker = Chunker(ChunkingOptions(max_tokens, overlap, "tokens"), hf)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teibatch.corpus.token_count import CUTS_NONE, CUTS_WHITESPACE, CharCounter, cut_rule
+from teibatch.corpus.token_count import CUTS_NONE, CUTS_WHITESPACE, CharCounter, cut_rule, punctuation_cuts
 
 MULTI_BYTE = "naïve café 🙂 日本語のテキスト 한국어 e\u0301 QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0NTY3ODkrLw=="
 
@@ -63,3 +63,21 @@ BERT = {"model": {"type": "WordPiece"}, "normalizer": {"type": "BertNormalizer"}
 ])
 def test_cut_rule_promises_only_what_it_knows(change: dict[str, object], expected: str) -> None:
     assert cut_rule({**BERT, **change}) == expected
+
+
+ADDED = [{"content": "[CLS]", "normalized": False}, {"content": "[MASK]", "normalized": False}]
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    pytest.param({"added_tokens": ADDED}, ["[CLS]", "[MASK]"], id="bert"),
+    pytest.param({}, [], id="no-added-tokens"),
+    pytest.param({"added_tokens": [*ADDED, {"content": "hello", "normalized": True}]}, ["[CLS]", "[MASK]", "hello"],
+                 id="normalized-word"),
+    pytest.param({"added_tokens": [{"content": "<a.b>", "normalized": True}]}, None, id="normalized-punctuation"),
+    pytest.param({"added_tokens": [{"content": "<a.b>"}]}, None, id="normalized-by-default"),
+    pytest.param({"pre_tokenizer": {"type": "Whitespace"}}, None, id="whitespace-groups-punctuation"),
+    pytest.param({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Punctuation"}]}}, None, id="sequence"),
+])
+def test_punctuation_cuts_only_for_berts_pre_tokenizer(change: dict[str, object], expected: list[str] | None) -> None:
+    assert punctuation_cuts({**BERT, **change}) == expected

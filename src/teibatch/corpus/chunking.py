@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from teibatch.corpus.text_units import split_paragraphs, split_sentences
 from teibatch.corpus.token_count import CUTS_NONE, CUTS_TOKENS, CharCounter, TokenCounter
+from teibatch.corpus.word_counts import SPACE, WordOffsets
 
 STRATEGY_TOKENS = "tokens"
 STRATEGY_SENTENCES = "sentences"
@@ -58,7 +59,7 @@ EDGE_SCAN_TOKENS = 64
 """How far from a chunk's edge whitespace is looked for, to count only the edge again; past it the
 whole chunk is counted again."""
 
-_SPACE = frozenset(" \t\n\r")  # whitespace every tokenizer splits words at (some drop other control chars)
+_SPACE = frozenset(SPACE)
 
 
 @dataclass(frozen=True)
@@ -108,23 +109,34 @@ class _Document:
     """One document while it is being cut."""
 
     text: str
-    offsets: list[tuple[int, int]]
+    offsets: Sequence[tuple[int, int]]
     prefix: str
     prefix_tokens: int
     budget: int  # document tokens a chunk may hold
     joins: bool  # the prefix ends where counts add up (empty, or ends with whitespace)
+    words: WordOffsets | None = None  # the offsets again, when read on demand: they answer faster
 
     @property
     def size(self) -> int:
         return len(self.offsets)
 
+    def first_at(self, char: int) -> int:
+        """The first token that starts at or after character ``char``."""
+        if self.words is not None:
+            return self.words.first_at(char)
+        return bisect_left(self.offsets, (char,))
+
     def clean(self, j: int) -> bool:
         """Whether tokens j-1 and j share no character, so the text can be cut between them."""
+        if self.words is not None:
+            return self.words.clean(j)
         offsets = self.offsets
         return 0 < j < len(offsets) and offsets[j][0] >= offsets[j - 1][1]
 
     def at_space(self, j: int) -> bool:
         """Whether whitespace comes just before token j (a cut there does not split a word)."""
+        if self.words is not None:
+            return self.words.at_space(j)
         start = self.offsets[j][0]
         return start > 0 and self.text[start - 1] in _SPACE and self.clean(j)
 
@@ -167,7 +179,8 @@ class Chunker:
         for text, prefix, offsets in zip(texts, prefixes, self.counter.offsets(texts), strict=True):
             tokens = prefix_tokens[prefix]
             document = _Document(text, offsets, prefix, tokens, self._max - special - tokens,
-                                 joins=not prefix or prefix[-1] in _SPACE)
+                                 joins=not prefix or prefix[-1] in _SPACE,
+                                 words=offsets if isinstance(offsets, WordOffsets) else None)
             results.append(self._document(document))
         return results
 
@@ -253,13 +266,13 @@ class Chunker:
 
     def _fits_alone(self, doc: _Document, start: int, end: int) -> bool:
         """Whether ``text[start:end]`` fits in one chunk, as sent."""
-        first, stop = bisect_left(doc.offsets, (start,)), bisect_left(doc.offsets, (end,))
+        first, stop = doc.first_at(start), doc.first_at(end)
         return self._measure(doc, first, stop, start, end) <= self._max
 
     def _pack(self, doc: _Document, units: list[tuple[int, int]], spans: list[tuple[int, int, int]]) -> bool:
         """Append chunks of whole units to ``spans`` (see the module docstring); False as for _windows."""
         # Unit k holds the tokens from bounds[k] to bounds[k + 1] (each token goes to the unit it starts in).
-        bounds = [0, *(bisect_left(doc.offsets, (unit_start,)) for unit_start, _ in units[1:]), doc.size]
+        bounds = [0, *(doc.first_at(unit_start) for unit_start, _ in units[1:]), doc.size]
         first = i = 0  # the next chunk's first unit (overlap included) and its first new unit
         while i < len(units):
             chunk = self._fill(doc, units, bounds, first, i)

@@ -17,9 +17,11 @@ counter too: :class:`teibatch.tei.tokenize.RouteTokenCounter`.
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from teibatch.corpus.word_counts import DEFAULT_CACHE_WORDS, WordCounter
 from teibatch.server.tokens import ApproxTokenizer
 from teibatch.token_cuts import CUTS_NONE, CUTS_TOKENS, CUTS_WHITESPACE
 
@@ -33,6 +35,7 @@ _LOCAL_PRE_TOKENIZERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "P
 _WHITESPACE_SPLITTERS = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"}
 _WORD_MODELS = {"WordPiece", "WordLevel", "BPE", "Unigram"}
 _FIXED_POST_PROCESSORS = {"BertProcessing", "RobertaProcessing", "TemplateProcessing"}
+_ASCII_PUNCTUATION = frozenset(string.punctuation)
 
 
 class TokenCounter(Protocol):
@@ -49,7 +52,7 @@ class TokenCounter(Protocol):
     @property
     def special_tokens(self) -> int: ...  # read-only: the /tokenize counter asks its servers once
 
-    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]: ...
+    def offsets(self, texts: Sequence[str]) -> Sequence[Sequence[tuple[int, int]]]: ...
 
     def counts(self, texts: Sequence[str]) -> list[int]: ...
 
@@ -60,25 +63,42 @@ class HFTokenCounter:
     Built from a ``tokenizers.Tokenizer``; the chunker's copy has truncation and padding turned off
     (a tokenizer.json often carries both, and the server counts the whole text). Batches are encoded
     with ``encode_batch``, which uses ``RAYON_NUM_THREADS`` threads (all cores by default).
+
+    Where counts add up at whitespace (``cuts: whitespace``) and ``by_words`` is left on, texts are
+    counted word by word with a cache of ``cache_words`` words' counts, and offsets come on demand
+    (:mod:`teibatch.corpus.word_counts`): the same counts and offsets, without encoding a word twice.
+    ``words`` is that :class:`~teibatch.corpus.word_counts.WordCounter`, ``None`` where texts are
+    encoded whole.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, by_words: bool = True, cache_words: int = DEFAULT_CACHE_WORDS) -> None:
         tokenizers = require_tokenizers()
         config = tokenizer.to_str()
         self._tok = tokenizers.Tokenizer.from_str(config)
         self._tok.no_truncation()
         self._tok.no_padding()
         self.special_tokens = len(self._tok.encode("", add_special_tokens=True).ids)
-        self.cuts = cut_rule(json.loads(config))
+        parsed = json.loads(config)
+        self.cuts = cut_rule(parsed)
+        # An added token that strips the whitespace beside it takes that whitespace into its offsets,
+        # which a word encoded alone does not have: such a tokenizer is encoded whole.
+        self.words = WordCounter(self._tok, cache_words, punctuation_cuts(parsed)) \
+            if by_words and self.cuts == CUTS_WHITESPACE \
+            and not any(token.get("lstrip") or token.get("rstrip") for token in parsed.get("added_tokens") or ()) \
+            else None
         # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which counting does not need.
         self._count_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
 
-    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+    def offsets(self, texts: Sequence[str]) -> Sequence[Sequence[tuple[int, int]]]:
         """Character offsets of each text's tokens (the Python bindings give ``str`` offsets)."""
+        if self.words is not None:
+            return self.words.offsets(texts)
         return [encoding.offsets for encoding in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def counts(self, texts: Sequence[str]) -> list[int]:
         """Each text's tokens with the model's special tokens."""
+        if self.words is not None:
+            return [self.special_tokens + count for count in self.words.counts(texts)]
         if len(texts) == 1:  # the chunker counts one piece at a time; skip the thread pool for it
             return [len(self._tok.encode(texts[0], add_special_tokens=True).ids)]
         return [len(encoding.ids) for encoding in self._count_batch(list(texts), add_special_tokens=True)]
@@ -136,6 +156,20 @@ def cut_rule(config: dict[str, Any]) -> str:
     if any(any(ch.isspace() for ch in token.get("content", "")) for token in config.get("added_tokens") or ()):
         return CUTS_NONE
     return CUTS_WHITESPACE
+
+
+def punctuation_cuts(config: dict[str, Any]) -> list[str] | None:
+    """Where counts also add up at each ASCII punctuation character (BERT's pre-tokenizer makes
+    each one a token of its own, and the normalizers ``cut_rule`` allows leave them as they are): the
+    added tokens' texts, which a piece of text holding one must be counted whole; else ``None``.
+    An added token matched after normalization that holds such a character says ``None`` too."""
+    if (config.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
+        return None
+    added = config.get("added_tokens") or ()
+    if any(token.get("normalized", True) and any(ch in _ASCII_PUNCTUATION for ch in token.get("content", ""))
+           for token in added):
+        return None
+    return [token["content"] for token in added if token.get("content")]
 
 
 def _types(part: dict[str, Any] | None) -> set[str]:
