@@ -28,9 +28,13 @@ The container is the TEI image's command line run for real: ``runtype: args``, `
 maps container port 80 to it. An SSH launch (``runtype: "ssh_direc ssh_proxy"``, what the CLI's ``--ssh
 --direct`` sends) has no ``args``: Vast's entrypoint runs sshd and then ``onstart``, a shell line
 ``nohup timeout … text-embeddings-router … > <log> 2>&1 &``, which the fake runs the same way; the
-router's ``--huggingface-hub-cache <dir>`` gets the model files TEI would download (a folder the test
-sshd reads: the sshd is every SSH instance's), and container port 22 is mapped to ``ssh_port`` (the
-test sshd's, set by the test). Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
+router's ``--huggingface-hub-cache <dir>`` gets the model files TEI would download unless they are
+there (a folder the test sshd reads: the sshd is every SSH instance's, so the instances of a test
+share it), and container port 22 is mapped to ``ssh_port`` (the test sshd's, set by the test). A line
+that waits for the seed first (``nohup sh -c <wait> seed-wait <marker> <seconds> timeout … &``) has its
+wait run for real (the shell script, with ``true`` for the router), and the router started when it
+ends. ``starts`` records, per instance, whether its router had to download the model and how long it
+waited for the seed. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
 loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
 ``destroy_errors`` (that many 502/503 answers), ``gone_status``; :meth:`FakeVast.preempt` stops an
 instance as Vast does an outbid interruptible one.
@@ -41,10 +45,13 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.fakehttp import ContainerFake
+from tests.fleet.fakehttp import ContainerFake, free_port
 from tests.fleet.standin_docker import hub_files
 
 
@@ -89,6 +96,8 @@ class FakeVast(ContainerFake):
         self.gone_status = 404
         self.ssh_port: int | None = None
         self.ssh_keys: dict[int, str] = {}
+        self.starts: dict[int, dict[str, Any]] = {}
+        self.closed = False
         self._ids = itertools.count(7_000_001)
         self.route("POST", "/api/v0/bundles/", self._search)
         self.route("PUT", r"/api/v0/asks/(?P<id>\d+)/", self._create)
@@ -170,20 +179,59 @@ class FakeVast(ContainerFake):
         if body["runtype"] == SSH_RUNTYPE:
             assert self.ssh_port is not None, "an SSH launch needs the test sshd: set fake.ssh_port"
             words = shlex.split(body["onstart"])
-            assert words[:2] == ["nohup", "timeout"] and words[-4] == ">" and words[-2:] == ["2>&1", "&"], words
-            command = words[2:words.index(">")]
+            assert words[0] == "nohup" and words[-4] == ">" and words[-2:] == ["2>&1", "&"], words
+            words = words[1:words.index(">")]
+            wait: list[str] = []
+            if words[:2] == ["sh", "-c"]:  # the router waits for the seed: sh -c <script> seed-wait <marker> <s>
+                assert words[3] == "seed-wait", words
+                wait, words = words[:6], words[6:]
+            assert words[0] == "timeout", words
+            command = words[1:]
             at = command.index("--huggingface-hub-cache")
             model_dir = command.pop(at + 1)
             command.pop(at)
-            model = command[command.index("--model-id") + 1]
-            hub_files(model_dir, model)  # what TEI downloads into its hub cache on first start
             ports["22/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(self.ssh_port)}]
+            port = free_port()
+            if wait:
+                waiter = subprocess.Popen([*wait, "true"], stdin=subprocess.DEVNULL, start_new_session=True)
+                self.processes[instance["id"]] = waiter  # destroying the instance kills the wait
+                after = (instance, waiter, int(wait[5]), command, model_dir, port, body)
+                threading.Thread(target=self._after_wait, args=after, daemon=True).start()
+            else:
+                self._start_router(instance, command, model_dir, port, body, waited_s=None)
         else:
             assert body["runtype"] == "args" and body["onstart"] == "timeout", body
-            command = list(body["args"])
-        port = self.run_router(instance["id"], instance["label"], command, body["env"]["API_KEY"])
+            port = self.run_router(instance["id"], instance["label"], list(body["args"]), body["env"]["API_KEY"])
         ports["80/tcp"] = [{"HostIp": "0.0.0.0", "HostPort": str(port)}, {"HostIp": "::", "HostPort": str(port)}]
         instance.update(actual_status="running", public_ipaddr="127.0.0.1", ports=ports)
+
+    def _after_wait(self, instance: dict[str, Any], waiter: subprocess.Popen[bytes], wait_s: int,
+                    command: list[str], model_dir: str, port: int, body: dict[str, Any]) -> None:
+        """Start the router once the seed wait ends, unless the instance was stopped or destroyed meanwhile."""
+        began = time.monotonic()
+        try:
+            waiter.wait(timeout=wait_s + 10)  # the script's own bound, and some
+        except subprocess.TimeoutExpired:
+            waiter.kill()
+            waiter.wait()
+        with self.lock:
+            if (self.closed or waiter.returncode != 0 or instance["actual_status"] != "running"
+                    or instance["cur_state"] == "unloaded"):
+                return
+            self._start_router(instance, command, model_dir, port, body, waited_s=time.monotonic() - began)
+
+    def _start_router(self, instance: dict[str, Any], command: list[str], model_dir: str, port: int,
+                      body: dict[str, Any], *, waited_s: float | None) -> None:
+        model = command[command.index("--model-id") + 1]
+        # what TEI downloads into its hub cache on first start, when the files are not there
+        downloaded = hub_files(model_dir, model)
+        self.starts[instance["id"]] = {"downloaded": downloaded, "waited_s": waited_s}
+        self.run_router(instance["id"], instance["label"], command, body["env"]["API_KEY"], port=port)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.closed = True  # a seed wait that ends now starts no router
+        super().stop()
 
     def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:

@@ -121,12 +121,13 @@ class ContainerFake(FakeApi):
         self.workdir = workdir
         self.processes: dict[Any, subprocess.Popen[bytes]] = {}
 
-    def run_router(self, instance_id: Any, name: str, command: list[str], api_key: str) -> int:
-        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``;
-        the port it listens on."""
+    def run_router(self, instance_id: Any, name: str, command: list[str], api_key: str,
+                   port: int | None = None) -> int:
+        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``
+        (on ``port``, else a free one); the port it listens on."""
         assert command[0] == "-k" and command[3] == "text-embeddings-router", command
         deadline, router_args = command[2], command[4:]
-        port = free_port()
+        port = port or free_port()
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
                  "--api-key", api_key, *router_args]

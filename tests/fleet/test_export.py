@@ -74,3 +74,11 @@ def test_paths_leaving_the_volume_are_refused(tmp_path: Path) -> None:
     assert export._relative("./a/b") == "a/b"
     with pytest.raises(FleetError, match="holds no export"):
         read_manifest(str(tmp_path))
+
+
+def test_an_export_missing_a_file_is_an_import_failure(volume: Path, tmp_path: Path) -> None:
+    url = tmp_path / "exports" / "teibatch-r-0"
+    export_volume(LocalShell(), str(volume), str(url), timeout=60)
+    (url / "data" / "models--m" / "blobs" / "abc").unlink()
+    with pytest.raises(FleetError, match=r"local: could not import .*teibatch-r-0 into .*fresh: .*blobs/abc"):
+        seed_volume(LocalShell(), str(url), str(tmp_path / "fresh"), timeout=60)

@@ -4,12 +4,14 @@ The fakes stop an instance as the cloud does (RunPod: the pod ``EXITED``; Vast: 
 ``stopped``) and kill its container, the real ``teibatch serve`` process behind it. Each run has one
 server, so every document after a preemption can only be embedded by a replacement: the run must find
 the loss, rent a replacement, and send the rest there. Every document ends exactly once in the output,
-nothing is left rented, and the ledger, the report and the HTML page show every instance.
+nothing is left rented, and the ledger, the report and the HTML page show every instance. On Vast the
+run imports an earlier export: every instance, the replacements too, starts TEI on the seeded model.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections import Counter
@@ -27,7 +29,9 @@ from teibatch.htmlreport import render_page
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.progress import SilentReporter
+from tests.fleet.conftest import SshHostFixture
 from tests.fleet.test_run_ssh import corpus
+from tests.fleet.test_vast import exporting, model_export
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "BAAI/bge-small-en-v1.5"
@@ -115,13 +119,18 @@ def test_runpod_spot_pod_taken_back_at_30_and_70_percent(fake_runpod: Any, tmp_p
 
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("ray_session")
-def test_vast_interruptible_instance_outbid_at_30_and_70_percent(fake_vast: Any, tmp_path: Path,
-                                                                 ledger: Ledger) -> None:
-    job = spot_job(tmp_path, {"provider": "vast", "gpu": ["RTX 4090", "RTX A6000"]})
+def test_vast_interruptible_instance_outbid_at_30_and_70_percent(fake_vast: Any, host: SshHostFixture,
+                                                                 tmp_path: Path, ledger: Ledger) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    earlier = model_export(tmp_path)
+    job = spot_job(tmp_path, {"provider": "vast", "gpu": ["RTX 4090", "RTX A6000"], **servers},
+                   export={"waive": True, "import_from": str(earlier)})
 
     def preempt() -> int:
         [instance] = fake_vast.serving()
         fake_vast.preempt(instance)
+        # its disk goes with it (the fake's instances share one folder): a replacement finds only what it is given
+        shutil.rmtree(servers["volume"], ignore_errors=True)
         return instance
 
     reporter = PreemptAt(preempt)
@@ -131,6 +140,12 @@ def test_vast_interruptible_instance_outbid_at_30_and_70_percent(fake_vast: Any,
     # each offer is one machine: the replacements come from the next offers
     assert [c["offer_id"] for c in fake_vast.creates] == [1001, 1002, 1003]
     check_finished_run(tmp_path / "out", summary, ledger, fake_vast.alive, len(fake_vast.creates))
+    # each instance, the replacements too, was seeded from the export before its TEI started: no download
+    assert [start["downloaded"] for start in fake_vast.starts.values()] == [False, False, False]
+    assert all(start["waited_s"] < 29 for start in fake_vast.starts.values())  # on the marker, not the bound
+    record = ledger.load(summary.run_id)
+    assert record is not None
+    assert [entry.get("imported") for entry in record["instances"].values()] == [str(earlier)] * 3
 
 
 @pytest.mark.timeout(60)

@@ -6,7 +6,10 @@ proves that neither the Vast API key nor the run's TEI key appears in anything w
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +20,14 @@ import yaml
 from click.testing import CliRunner
 
 from teibatch.cli_fleet import fleet
-from teibatch.errors import CapacityUnavailable, CloudApiError, ExportFailed, JobSpecError
+from teibatch.errors import CapacityUnavailable, CloudApiError, ExportFailed, FleetError, JobSpecError
 from teibatch.fleet import ExportPlan, LaunchSpec, Ledger, running, session
 from teibatch.fleet.catalog import billing_rules
+from teibatch.fleet.export import export_volume
 from teibatch.fleet.lambdacloud import SshLogin
 from teibatch.fleet.offers import GpuWant, Offer
-from teibatch.fleet.vast import VastApi, VastProvider, bid_for
+from teibatch.fleet.shell import LocalShell
+from teibatch.fleet.vast import SEED_WAIT, VastApi, VastProvider, bid_for
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.plan import estimate_run
@@ -30,6 +35,7 @@ from teibatch.pipeline.pricing import card_estimate
 from teibatch.pipeline.providers import provider_for
 from tests.fleet.conftest import VAST_KEY, SshHostFixture, kill_when_ready, sweep_destroys_what_the_killed_run_left
 from tests.fleet.fake_vast import SSH_RUNTYPE, FakeVast
+from tests.fleet.standin_docker import hub_files
 from tests.fleet.test_lambda import _env
 from tests.fleet.test_run_ssh import corpus, files_under
 
@@ -60,6 +66,17 @@ def exporting(fake: FakeVast, host: SshHostFixture, tmp_path: Path) -> dict[str,
     """The job's ``servers`` keys of a Vast run that exports: the test sshd stands in for every instance's."""
     fake.ssh_port = host.port
     return {"key_file": str(host.key_file), "ssh_user": host.user, "volume": str(tmp_path / "vast-data")}
+
+
+def model_export(tmp_path: Path) -> Path:
+    """An earlier run's export of the model directory, for ``export.import_from``: the hub files TEI would
+    download, plus one file only the export has (a model directory holding it was seeded)."""
+    earlier = tmp_path / "earlier-model"
+    hub_files(str(earlier), MODEL)
+    (earlier / "models--BAAI--bge-small-en-v1.5" / "snapshots" / "main" / "tokenizer.json").write_text("{}")
+    url = tmp_path / "earlier-exports" / "teibatch-earlier-0"
+    export_volume(LocalShell(), str(earlier), str(url), timeout=60)
+    return url
 
 
 def exported_files(export: Path) -> dict[str, Any]:
@@ -139,6 +156,72 @@ def test_full_job_with_export_copies_the_model_off_over_ssh_then_destroys(
     for path in files_under(tmp_path / "out", tmp_path / "state", tmp_path / "exports"):
         data = path.read_bytes()
         assert VAST_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.usefixtures("ray_session")
+def test_full_job_with_import_seeds_every_instance_before_its_tei_starts(
+        fake_vast: FakeVast, host: SshHostFixture, tmp_path: Path, ledger: Ledger) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    earlier = model_export(tmp_path)
+    export = {"to": str(tmp_path / "exports"), "import_from": str(earlier.parent)}  # the folder above: its first
+    summary = run_job(load_job(write_job(tmp_path, servers, export=export)))
+    assert summary.embedded == 40 and summary.status == "done"
+    assert fake_vast.alive() == 0 and len(fake_vast.creates) == 2
+    model_dir = tmp_path / "vast-data"
+    for create in fake_vast.creates:
+        words = shlex.split(create["onstart"])
+        marker = f"{model_dir}/.teibatch-seeded-{create['label']}"
+        assert words[:7] == ["nohup", "sh", "-c", SEED_WAIT, "seed-wait", marker, "30"]  # startup_timeout
+        assert words[7:10] == ["timeout", "-k", "30s"]
+    # each router started on its marker (not after the 30 s bound) and found the model: it downloaded nothing
+    assert len(fake_vast.starts) == 2
+    for start in fake_vast.starts.values():
+        assert start["downloaded"] is False and start["waited_s"] < 29
+    record = ledger.load(summary.run_id)
+    assert record is not None
+    for name, entry in record["instances"].items():
+        assert entry["imported"] == str(earlier.parent) and "import_error" not in entry
+        # what is exported at the end is what was seeded (the file only the import had included), no marker
+        assert exported_files(tmp_path / "exports" / name) == exported_files(earlier)
+    assert not list(model_dir.glob(".teibatch-seeded-*"))
+
+
+@pytest.mark.timeout(120)
+def test_an_import_that_fails_is_logged_and_tei_downloads_the_model(fake_vast: FakeVast, host: SshHostFixture,
+                                                                   tmp_path: Path, ledger: Ledger,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    servers = exporting(fake_vast, host, tmp_path)
+    earlier = model_export(tmp_path)
+    [blob] = (earlier / "data" / "models--BAAI--bge-small-en-v1.5" / "blobs").iterdir()
+    blob.unlink()  # the export lost its weights
+    fleet_ = provider(ledger, login=SshLogin(user=servers["ssh_user"], key_file=servers["key_file"]),
+                      model_dir=servers["volume"])
+    with session(fleet_, LaunchSpec(run_id="fallback", import_from=str(earlier)), ExportPlan(waive=True)) as served:
+        assert len(served) == 1
+        [start] = fake_vast.starts.values()
+        assert start["downloaded"] is True and start["waited_s"] < 19  # started on the marker all the same
+    assert fake_vast.alive() == 0
+    entry = (ledger.load("fallback") or {})["instances"]["teibatch-fallback-0"]
+    assert "imported" not in entry and entry["state"] == "destroyed"
+    assert "could not import" in entry["import_error"] and blob.name in entry["import_error"]
+    assert "import from" in caplog.text and "TEI will download the model" in caplog.text
+
+
+def test_the_seed_wait_ends_on_the_marker_or_after_its_bound(tmp_path: Path) -> None:
+    marker = tmp_path / ".teibatch-seeded-x"
+
+    def start(wait_s: int) -> tuple[bytes, float]:
+        began = time.monotonic()
+        done = subprocess.run(["sh", "-c", SEED_WAIT, "seed-wait", str(marker), str(wait_s), "echo", "started"],
+                              capture_output=True, timeout=30, check=True)
+        return done.stdout, time.monotonic() - began
+
+    output, took = start(2)
+    assert output == b"started\n" and 2 <= took < 10  # no seed came: TEI starts (and downloads) all the same
+    marker.touch()
+    output, took = start(20)
+    assert output == b"started\n" and took < 5 and not marker.exists()  # the seed is done: at once, marker gone
 
 
 @pytest.mark.timeout(120)
@@ -343,6 +426,15 @@ def test_job_rules(fake_vast: FakeVast, tmp_path: Path, client_key: Path) -> Non
     exporting_ = provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=to)))
     assert isinstance(exporting_, VastProvider) and exporting_.login is not None
     assert (exporting_.login.user, exporting_.model_dir) == ("root", "/data")
+    importing = {"waive": True, "import_from": str(tmp_path / "earlier")}
+    with pytest.raises(JobSpecError, match=r"export\.import_from on provider vast .* set servers\.key_file.*"
+                                           r"or remove export\.import_from") as caught:
+        provider_for(load_job(write_job(tmp_path, export=importing)))
+    assert caught.value.key == "servers.key_file"
+    seeding = provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=importing)))
+    assert isinstance(seeding, VastProvider) and seeding.login is not None
+    with pytest.raises(FleetError, match="needs a login"):
+        provider(Ledger(tmp_path / "ledger")).up(LaunchSpec(run_id="no-login", import_from=str(tmp_path)))
     with pytest.raises(JobSpecError, match=r"servers\.capacity is for the GPU clouds"):
         load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
     with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):

@@ -228,13 +228,13 @@ class ContainerCloudProvider(Provider, ReplacesLost):
             url = f"http://{host}"
             self._rental.note(item.name, InstanceState.RUNNING, host=host)
             closing = self._rental.closing
-            healthy = wait_healthy(url, deadline, alive=lambda: not closing.is_set())
-            problem = self._also_reach(item, deadline) if healthy else None
-            if healthy and problem is None:
+            problem = self._prepare(item, deadline)
+            healthy = problem is None and wait_healthy(url, deadline, alive=lambda: not closing.is_set())
+            if healthy:
                 self._urls[item.name] = url
                 self._rental.note(item.name, InstanceState.HEALTHY)
                 return True
-            item.error = ("the run ended before it served" if closing.is_set() else problem if healthy else
+            item.error = ("the run ended before it served" if closing.is_set() else problem or
                           f"TEI did not answer /health on {url} within servers.startup_timeout "
                           f"({self.startup_timeout:.0f}s)")
         else:
@@ -248,8 +248,8 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
         return False
 
-    def _also_reach(self, item: Rented, deadline: float) -> str | None:
-        """What else a ready instance whose TEI answers must do before it serves (by ``deadline``, monotonic);
+    def _prepare(self, item: Rented, deadline: float) -> str | None:
+        """What else a ready instance must do before its TEI is waited for (by ``deadline``, monotonic):
         ``None`` when done, else why not (the instance is then given back). Nothing, here."""
         return None
 

@@ -140,22 +140,31 @@ def read_manifest(url: str, storage_options: Mapping[str, Any] | None = None) ->
 
 def seed_volume(shell: Shell, url: str, volume: str, *, timeout: float,
                 storage_options: Mapping[str, Any] | None = None) -> int:
-    """Fill ``volume`` on the host from the export at ``url``; return the number of files verified."""
-    fs, root, manifest = read_manifest(url, storage_options)
-    files: dict[str, Any] = manifest.get("files", {})
+    """Fill ``volume`` on the host from the export at ``url``; return the number of files verified.
+
+    Raises :class:`FleetError` when the export cannot be read whole (no manifest, a file missing from
+    ``data/``), the host's ``tar`` fails, or a file on the host does not match the manifest's sha256.
+    """
     deadline = time.monotonic() + timeout
     quoted = shlex.quote(volume)
-    with shell.stream(f"mkdir -p {quoted} && tar -C {quoted} -xf -", what="tar (import)", timeout=timeout,
-                      stdin=True) as pipe, tarfile.open(fileobj=pipe, mode="w|") as tar:
-        for rel, info in files.items():
-            member = tarfile.TarInfo(_relative(rel))
-            member.size = int(info["size"])
-            with fs.open(f"{root}/{DATA}/{rel}", "rb") as source:
-                tar.addfile(member, source)
-        for rel, target in manifest.get("links", {}).items():
-            member = tarfile.TarInfo(_relative(rel))
-            member.type, member.linkname = tarfile.SYMTYPE, target
-            tar.addfile(member)
+    try:
+        fs, root, manifest = read_manifest(url, storage_options)
+        files: dict[str, Any] = manifest.get("files", {})
+        with shell.stream(f"mkdir -p {quoted} && tar -C {quoted} -xf -", what="tar (import)", timeout=timeout,
+                          stdin=True) as pipe, tarfile.open(fileobj=pipe, mode="w|") as tar:
+            for rel, info in files.items():
+                member = tarfile.TarInfo(_relative(rel))
+                member.size = int(info["size"])
+                with fs.open(f"{root}/{DATA}/{rel}", "rb") as source:
+                    tar.addfile(member, source)
+            for rel, target in manifest.get("links", {}).items():
+                member = tarfile.TarInfo(_relative(rel))
+                member.type, member.linkname = tarfile.SYMTYPE, target
+                tar.addfile(member)
+    except FleetError:
+        raise
+    except Exception as exc:  # fsspec backends and a torn manifest raise their own errors: all mean "not imported"
+        raise FleetError(f"{shell.label}: could not import {url} into {volume}: {exc}") from exc
     present = remote_checksums(shell, volume, timeout=max(1.0, deadline - time.monotonic()))
     wrong = [rel for rel, info in files.items() if present.get(_relative(rel)) != info["sha256"]]
     if wrong:

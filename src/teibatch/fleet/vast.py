@@ -20,10 +20,12 @@ instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python``
   - without an export, ``runtype: "args"`` (the image as is, no SSH), ``onstart: "timeout"`` (the
     entrypoint of an args launch, as the CLI's ``--entrypoint`` sends it) and ``args`` (the host-side
     deadline around ``text-embeddings-router``);
-  - with ``export.to``, ``runtype: "ssh_direc ssh_proxy"`` (what the CLI's ``--ssh --direct`` sends:
-    Vast's entrypoint replaces the image's and runs sshd, mapping the container's port 22 to a host
-    port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's router started in the
-    background under the same deadline, ``--huggingface-hub-cache`` naming the model directory);
+  - with ``export.to`` or ``export.import_from``, ``runtype: "ssh_direc ssh_proxy"`` (what the CLI's
+    ``--ssh --direct`` sends: Vast's entrypoint replaces the image's and runs sshd, mapping the
+    container's port 22 to a host port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's
+    router started in the background under the same deadline, ``--huggingface-hub-cache`` naming the
+    model directory; with ``import_from``, only once teibatch has seeded that directory, see
+    :func:`onstart_line`);
 
   answers ``{"success": true, "new_contract": id}``; an offer already taken answers an error
   ``no_such_ask`` (4xx)
@@ -40,24 +42,29 @@ The key is ``$VAST_API_KEY``, else the CLI's key file (``~/.config/vastai/vast_a
 older ``~/.vast_api_key``). ``$TEIBATCH_VAST_API_URL`` replaces the API's address (tests, proxies).
 An instance's disk goes with it: a job either exports the model directory over SSH before the
 instance is destroyed (``export.to``; :class:`VastProvider` with a ``login``), or waives the export.
+With ``export.import_from`` (and a ``login``) every instance, a replacement rented mid-run too, gets the
+model directory from that export before TEI starts, so it downloads nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import posixpath
 import shlex
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
-from teibatch.fleet.base import Capability, DestroysHosts, ExportsVolumes, InstanceState, LostServer
+from teibatch.fleet.base import Capability, DestroysHosts, ExportsVolumes, InstanceState, LaunchSpec, LostServer
 from teibatch.fleet.catalog import billing_rules, image_table
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
-from teibatch.fleet.export import export_volume
+from teibatch.fleet.export import export_volume, seed_volume
 from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
 from teibatch.fleet.images import CONTAINER_PORT, ImageChoice
 from teibatch.fleet.lambdacloud import SshLogin
@@ -82,6 +89,10 @@ SSH_USER = "root"                      # who Vast's SSH launch lets in with the 
 SSH_RETRY_S = 2.0
 DEFAULT_MODEL_DIR = "/data"            # TEI's --huggingface-hub-cache in its images (HUGGINGFACE_HUB_CACHE)
 TEI_LOG = "/var/log/teibatch-tei.log"  # where TEI's output goes on an SSH instance (not in the model directory)
+SEED_MARKER = ".teibatch-seeded-{name}"  # in the model directory: written once the seed is done, removed as TEI starts
+#: onstart's wait for the seed: until the marker ($1) exists or $2 seconds passed; then the marker goes, TEI starts
+SEED_WAIT = ('n=0; while [ ! -e "$1" ] && [ "$n" -lt "$2" ]; do sleep 1; n=$((n+1)); done; '
+             'rm -f "$1"; shift 2; exec "$@"')
 _TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented")
 #: actual_status → state, when the contract is not released (cur_state "unloaded": gone)
 _STATES: dict[str | None, CloudState] = {
@@ -129,6 +140,20 @@ def public_key_of(key_file: str) -> str:
         raise JobSpecError(f"servers.key_file: {public} does not hold an OpenSSH public key; {why}",
                            key="servers.key_file")
     return text
+
+
+def onstart_line(command: list[str], *, marker: str | None = None, wait_s: int = 0) -> str:
+    """The ``onstart`` of an SSH launch: ``timeout`` with ``command`` (TEI's router under its deadline) in
+    the background, its output in :data:`TEI_LOG`.
+
+    With a ``marker``, the router starts only once that file exists (teibatch writes it when the model
+    directory is seeded) or ``wait_s`` seconds have passed: TEI must not begin a download the seed
+    would make useless, and a seed that never comes costs only the download.
+    """
+    router = ["timeout", *command]
+    if marker is not None:
+        router = ["sh", "-c", SEED_WAIT, "seed-wait", marker, str(wait_s), *router]
+    return f"nohup {shlex.join(router)} > {TEI_LOG} 2>&1 &"
 
 
 def bid_for(min_bid: float, max_price: float | None, margin: float = BID_MARGIN) -> float:
@@ -258,7 +283,9 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
     without a ``key_file``, the keys of the Vast account must let it in), instances are launched for SSH
     as well, and one serves only once that login works; ``down`` then leaves the instances that served
     running, ``export_volumes`` copies their ``model_dir`` off over SSH (verified by sha256), and
-    ``destroy`` destroys those whose copy was verified (all, when the export is waived).
+    ``destroy`` destroys those whose copy was verified (all, when the export is waived). With a login
+    and the launch's ``import_from``, each instance's TEI waits for its ``model_dir`` to be seeded
+    from that export (:func:`onstart_line`, :meth:`_seed`).
     """
 
     name = "vast"
@@ -273,9 +300,18 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         self.public_key = public_key_of(login.key_file) if login is not None and login.key_file else None
         if login is not None:
             self.capabilities = self.capabilities | {Capability.EXPORT, Capability.DESTROY}
-        self._shells: dict[str, Shell] = {}     # instances that served and hold the model: name → their shell
+        self._shells: dict[str, Shell] = {}     # instances logged in to (those that served hold the model)
         self._volumes: dict[str, str] = {}      # name → the model directory on it
         self._exported: set[str] = set()        # names whose export verified
+        self.import_from: str | None = None     # the launch's export.import_from, seeded into every instance
+
+    def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
+        if spec is not None and spec.import_from and self._rental is None:
+            if self.login is None:
+                raise FleetError("vast: export.import_from is copied into each instance over SSH: the provider "
+                                 "needs a login (servers.key_file)")
+            self.import_from = spec.import_from
+        return super().up(spec)
 
     def create(self, name: str, offer: Offer, deadline_s: int) -> str:
         assert isinstance(self.api, VastApi)
@@ -297,8 +333,9 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         if self.login is None:
             body.update(runtype="args", onstart="timeout", args=command)
         else:  # Vast's entrypoint runs sshd, then this line; the router must not hold it up
-            body.update(runtype=SSH_RUNTYPE,
-                        onstart=f"nohup {shlex.join(['timeout', *command])} > {TEI_LOG} 2>&1 &")
+            marker = self._seed_marker(name) if self.import_from else None
+            body.update(runtype=SSH_RUNTYPE, onstart=onstart_line(command, marker=marker,
+                                                                  wait_s=math.ceil(self.startup_timeout)))
         if offer.interruptible:
             body["price"] = offer.price_per_hour
         return body
@@ -309,9 +346,12 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
             config["model_dir"] = self.model_dir
         return config
 
-    # -- SSH: an instance serves once its login works ------------------------------------------------------
+    # -- SSH: an instance is waited for once its login works (and its model directory is seeded) -----------
 
-    def _also_reach(self, item: Rented, deadline: float) -> str | None:
+    def _seed_marker(self, name: str) -> str:
+        return posixpath.join(self.model_dir, SEED_MARKER.format(name=name))
+
+    def _prepare(self, item: Rented, deadline: float) -> str | None:
         if self.login is None:
             return None
         assert isinstance(self.api, VastApi) and self._rental is not None
@@ -330,6 +370,31 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         self._shells[item.name] = shell
         self._volumes[item.name] = self.model_dir
         self._rental.note(item.name, None, shell=shell.record(), volume=self.model_dir)
+        return self._seed(item.name, shell, deadline) if self.import_from else None
+
+    def _seed(self, name: str, shell: Shell, deadline: float) -> str | None:
+        """Copy ``import_from`` into the instance's model directory (verified), then let its TEI start.
+
+        A seed that fails is logged and recorded (``import_error``) and TEI starts all the same: it
+        downloads the model, as without an import. Only a marker that cannot be written gives the
+        instance back (its TEI would wait out the whole ``startup_timeout``).
+        """
+        assert self._rental is not None and self.import_from is not None
+        try:
+            count = seed_volume(shell, self.import_from, self.model_dir,
+                                timeout=max(1.0, deadline - time.monotonic()))
+        except FleetError as exc:
+            log.warning("%s: import from %s failed, TEI will download the model: %s", name, self.import_from, exc)
+            self._rental.note(name, None, import_error=str(exc))
+        else:
+            log.info("%s: %d files imported from %s", name, count, self.import_from)
+            self._rental.note(name, None, imported=self.import_from)
+        marker = self._seed_marker(name)
+        try:
+            shell.run(f"mkdir -p {shlex.quote(self.model_dir)} && touch {shlex.quote(marker)}",
+                      what="let TEI start (seed marker)", timeout=max(1.0, deadline - time.monotonic()))
+        except FleetError as exc:
+            return f"could not write {marker} on {shell.label}, which TEI waits for: {exc}"
         return None
 
     def lost(self) -> list[LostServer]:

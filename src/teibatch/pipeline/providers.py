@@ -197,11 +197,14 @@ def _vast_provider(job: JobSpec) -> VastProvider:
         raise JobSpecError("destroying a Vast instance destroys its disk (the model weights): set export.to (and "
                            "servers.key_file) to copy them off over SSH first, or export.waive: true", key="export")
     login = None
-    if job.export.to:
+    if job.export.to or job.export.import_from:
         if not servers.key_file:
-            raise JobSpecError("export.to on provider vast copies the model directory off each instance over SSH: "
-                               "set servers.key_file to your private key (its public key, <key_file>.pub, is "
-                               "attached to each instance), or export.waive: true without export.to",
+            what, instead = (("export.to on provider vast copies the model directory off each instance",
+                              "export.waive: true without export.to") if job.export.to else
+                             ("export.import_from on provider vast copies the earlier export into each instance",
+                              "remove export.import_from (each instance then downloads the model)"))
+            raise JobSpecError(f"{what} over SSH: set servers.key_file to your private key (its public key, "
+                               f"<key_file>.pub, is attached to each instance), or {instead}",
                                key="servers.key_file")
         if servers.volume and not servers.volume.startswith("/"):
             raise JobSpecError(f"servers.volume: {servers.volume!r}: on provider vast it is the model directory "
