@@ -58,7 +58,6 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, TeibatchError
 from teibatch.pipeline.admission import OldestFirst
 from teibatch.pipeline.head_start import HeadStart, texts_digest
-from teibatch.sparse import vector_rows
 from teibatch.tei import (
     ClientLimits,
     EmbedOptions,
@@ -71,7 +70,6 @@ from teibatch.tei import (
     tls_context,
     tls_settings,
 )
-from teibatch.tei.work import Failure
 
 T = TypeVar("T")
 
@@ -299,10 +297,8 @@ class SenderCore:
         if not len(missing):
             return done
         rest = await self.embed([texts[i] for i in missing], priority)
-        vectors, ok, truncated = done.vectors.copy(), done.ok.copy(), done.truncated.copy()
-        vectors[missing], ok[missing], truncated[missing] = rest.vectors, rest.ok, rest.truncated
-        failures = [Failure(int(missing[f.position]), f.reason, f.detail) for f in rest.failures]
-        return EmbedResult(vectors, ok, failures, truncated)
+        # ``dimension`` is set here: :meth:`embed` refuses to run without it.
+        return EmbedResult.assembled(len(texts), self.dimension or 0, [(0, done), (missing, rest)])
 
     def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
                       errors: Mapping[str, int]) -> None:
@@ -626,7 +622,8 @@ def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], di
                           priority: float = 0.0, stream: str | None = None,
                           head: HeadStart | None = None) -> EmbedResult:
     """Embed ``texts`` through ``senders`` and put the results together in order: :func:`embedded_in_order`, merged."""
-    return _merge(embedded_in_order(texts, senders, priority=priority, stream=stream, head=head), dimension)
+    parts = list(embedded_in_order(texts, senders, priority=priority, stream=stream, head=head))
+    return EmbedResult.assembled(sum(len(part.ok) for _, part in parts), dimension, parts)
 
 
 def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priority: float = 0.0,
@@ -740,17 +737,3 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority
                 yield given, result
                 given += len(result.ok)
 
-
-def _merge(parts: Iterable[tuple[int, EmbedResult]], dimension: int) -> EmbedResult:
-    """One result for every text from the chunks' results, given in order."""
-    ordered = list(parts)
-    count = sum(len(part.ok) for _, part in ordered)
-    vectors = vector_rows(count, dimension, sparse=any(part.vectors.dtype == object for _, part in ordered))
-    ok = np.zeros(count, dtype=bool)
-    truncated = np.zeros(count, dtype=bool)
-    failures: list[Failure] = []
-    for start, part in ordered:
-        end = start + len(part.ok)
-        vectors[start:end], ok[start:end], truncated[start:end] = part.vectors, part.ok, part.truncated
-        failures += [Failure(f.position + start, f.reason, f.detail) for f in part.failures]
-    return EmbedResult(vectors, ok, failures, truncated)
