@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from teibatch.pipeline.senders import ServerClients, ServerPlan
+from teibatch.pipeline.senders.core import ServerClients
+from teibatch.pipeline.senders.plans import ServerPlan
 from teibatch.tei import ROUTE_EMBED_SPARSE, EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient
 from teibatch.tei.pool import ServerStats
 
