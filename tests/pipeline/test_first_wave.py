@@ -18,9 +18,11 @@ import yaml
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline import senders as senders_module
 from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
-from teibatch.pipeline.senders import SenderActor, SenderCore, SenderPlan, ServerPlan, plan_senders
+from teibatch.pipeline.senders import actor as actor_module
+from teibatch.pipeline.senders.actor import SenderActor
+from teibatch.pipeline.senders.core import SenderCore
+from teibatch.pipeline.senders.plans import SenderPlan, ServerPlan, plan_senders
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
@@ -204,7 +206,7 @@ def test_a_sender_answers_a_wave_chunk_with_the_drivers_vectors_and_embeds_the_r
 @pytest.mark.timeout(60)
 def test_a_restarted_sender_or_one_that_never_gets_the_vectors_embeds_the_chunk_itself(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(senders_module, "WAVE_WAIT_MARGIN_S", 0.3)
+    monkeypatch.setattr(actor_module, "WAVE_WAIT_MARGIN_S", 0.3)
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, record_texts=True) as url:
         plan = sender_plan(server_plans([url]), None)
         holding = dataclasses.replace(plan, held=(8,))  # the driver would hold the whole budget

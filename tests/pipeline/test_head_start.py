@@ -15,17 +15,10 @@ import ray
 from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.endpoint import Endpoint
 from teibatch.pipeline.head_start import FirstTexts, HeadStart, SentChunk, send_head_start, texts_digest
-from teibatch.pipeline.senders import (
-    SenderCore,
-    SenderPlan,
-    SenderRef,
-    ServerPlan,
-    embed_through_senders,
-    launch_senders,
-    plan_senders,
-    start_senders,
-    stop_senders,
-)
+from teibatch.pipeline.senders.actor import launch_senders, start_senders, stop_senders
+from teibatch.pipeline.senders.core import SenderCore
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders
+from teibatch.pipeline.senders.sending import embed_through_senders
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions

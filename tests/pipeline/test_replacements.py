@@ -16,7 +16,7 @@ from teibatch.errors import CloudApiError
 from teibatch.fleet import Capability, LostServer, Provider, ReplacesLost
 from teibatch.pipeline.progress import SilentReporter
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
-from teibatch.pipeline.senders import SenderPlan, SenderRef, ServerPlan
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.pipeline.summary import RunSummary
 from teibatch.tei import ClientLimits, EmbedOptions
 

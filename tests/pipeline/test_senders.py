@@ -22,18 +22,17 @@ import yaml
 
 from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
 from teibatch.endpoint import Endpoint
-from teibatch.pipeline.senders import (
+from teibatch.pipeline.senders.actor import SenderActor, start_senders, stop_senders
+from teibatch.pipeline.senders.core import SenderCore, Streams
+from teibatch.pipeline.senders.plans import (
     SERVERS_PER_SENDER,
-    SenderActor,
-    SenderCore,
     SenderPlan,
+    SenderRef,
     ServerPlan,
-    Streams,
-    embed_through_senders,
+    least_loaded,
     plan_senders,
-    start_senders,
-    stop_senders,
 )
+from teibatch.pipeline.senders.sending import embed_through_senders
 from teibatch.server.backends import HashingEmbedder
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions
@@ -155,6 +154,29 @@ def test_senders_are_sized_by_servers() -> None:
     assert sorted(p.endpoint.url for plan in plans for p in plan.servers) == sorted(s.endpoint.url for s in servers)
     assert plans[0].budget == 512 * len(plans[0].servers)
     assert plans[0].chunk_size == 8 * 32
+
+
+def test_the_next_chunk_goes_to_the_sender_with_the_least_outstanding_per_input_of_its_budget() -> None:
+    def sender(inflight: int) -> SenderRef:
+        limits = ClientLimits(max_batch_size=4, max_inflight_inputs=inflight, payload_limit=20_000)
+        return SenderRef(None, SenderPlan((ServerPlan(Endpoint("http://127.0.0.1:9"), limits),), "embed",
+                                          EmbedOptions(), 384))
+
+    senders = [sender(8), sender(32)]
+    assert least_loaded(senders, [4, 8]) == 1  # 8 of 32 is less than 4 of 8
+    assert least_loaded(senders, [1, 8]) == 0
+    assert least_loaded(senders, [0, 0]) == 0  # a tie goes to the first
+    assert least_loaded(senders, [4, 8], among=[0]) == 0  # only those still alive
+
+
+def test_a_senders_process_imports_neither_the_task_side_nor_a_corpus_reader() -> None:
+    # Ray loads the actor's class by its module in a fresh process: the less it imports, the sooner it runs.
+    loaded = subprocess.run([sys.executable, "-c", "import sys, teibatch.pipeline.senders.actor; "
+                             "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, timeout=60,
+                            check=True).stdout.split()
+    assert "teibatch.pipeline.senders.plans" in loaded
+    assert not {"teibatch.corpus", "teibatch.pipeline.senders.sending", "teibatch.pipeline.head_start",
+                "pyarrow"} & set(loaded)
 
 
 def static_job(tmp_path: Path, urls: list[str], **limits: object) -> Path:

@@ -17,7 +17,7 @@ from teibatch.errors import CorpusMismatch
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.run import MAX_SHARDS_PER_TASK, _tasks
-from teibatch.pipeline.senders import SenderPlan, SenderRef, ServerPlan
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import ClientLimits, EmbedOptions
 
 

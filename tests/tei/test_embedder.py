@@ -19,8 +19,17 @@ from teibatch.errors import CapacityUnavailable, TeiAuthError, TeiOverloaded, Wr
 from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.tokens import ApproxTokenizer
 from teibatch.sparse import SparseVector
-from teibatch.tei import ROUTE_EMBED, ROUTE_EMBED_SPARSE, ROUTE_OPENAI_BASE64, ClientLimits, EmbedOptions
+from teibatch.tei import (
+    ROUTE_EMBED,
+    ROUTE_EMBED_SPARSE,
+    ROUTE_OPENAI_BASE64,
+    ClientLimits,
+    EmbedOptions,
+    EmbedResult,
+    Failure,
+)
 from teibatch.tei.embedder import MAX_OVERLOAD_RETRIES
+from teibatch.tei.work import FAILURE_EMBED, FAILURE_REFUSED, FAILURE_TOO_LONG
 from tests.tei.conftest import TINY, ZERO_VIOLATIONS, Embedded, ServerHandle, corpus, embed, when
 
 Start = Callable[..., ServerHandle]
@@ -289,3 +298,35 @@ def test_a_request_the_server_refuses_rejects_each_text_with_the_reason(tei: Sta
     done = embed([server.url], ["a", "b", "c"], options=EmbedOptions(prompt_name="missing"))
     assert [(f.position, f.reason) for f in done.result.failures] == [(i, "request_refused") for i in range(3)]
     assert all("`default-prompt-name` is set to `missing`" in f.detail for f in done.result.failures)
+
+
+def test_a_result_is_assembled_from_a_run_of_texts_and_from_positions() -> None:
+    run = EmbedResult(np.array([[1, 1], [0, 0]], dtype=np.float32), np.array([True, False]),
+                      [Failure(1, FAILURE_TOO_LONG, "too long")], np.array([True, False]))
+    alone = EmbedResult(np.array([[3, 3]], dtype=np.float32), np.array([True]), [])
+    whole = EmbedResult.assembled(5, 2, [(2, run), (np.array([0]), alone)])
+    np.testing.assert_array_equal(whole.vectors, [[3, 3], [0, 0], [1, 1], [0, 0], [0, 0]])
+    assert whole.vectors.dtype == np.float32
+    assert whole.ok.tolist() == [True, False, True, False, False]  # texts 1 and 4: no part has them
+    assert whole.truncated.tolist() == [False, False, True, False, False]
+    assert whole.failures == [Failure(3, FAILURE_TOO_LONG, "too long")]  # renumbered to its place in the whole
+
+
+def test_a_later_part_takes_its_texts_places_failures_included() -> None:
+    driver = EmbedResult(np.array([[1, 1], [0, 0], [0, 0]], dtype=np.float32), np.array([True, False, False]),
+                         [Failure(1, FAILURE_EMBED, "timed out")])
+    rest = EmbedResult(np.array([[2, 2], [0, 0]], dtype=np.float32), np.array([True, False]),
+                       [Failure(1, FAILURE_REFUSED, "refused")])
+    whole = EmbedResult.assembled(3, 2, [(0, driver), (np.array([1, 2]), rest)])
+    np.testing.assert_array_equal(whole.vectors, [[1, 1], [2, 2], [0, 0]])
+    assert whole.ok.tolist() == [True, True, False]
+    assert whole.failures == [Failure(2, FAILURE_REFUSED, "refused")]
+
+
+def test_sparse_parts_are_assembled_into_sparse_rows() -> None:
+    rows = np.empty(1, dtype=object)
+    rows[0] = SparseVector(np.array([3], dtype=np.int32), np.array([0.5], dtype=np.float32))
+    whole = EmbedResult.assembled(2, 30522, [(1, EmbedResult(rows, np.array([True]), []))])
+    assert whole.vectors.dtype == object
+    assert whole.vectors[1] is rows[0]
+    assert len(whole.vectors[0].indices) == 0 and not whole.ok[0]

@@ -26,7 +26,8 @@ from teibatch.corpus import CorpusOptions, Document, Shard, read_shard
 from teibatch.errors import CorpusMismatch, SinkError
 from teibatch.pipeline.chunks import ChunkPlan, Units
 from teibatch.pipeline.progress import Reporter
-from teibatch.pipeline.senders import SenderRef, embedded_in_order
+from teibatch.pipeline.senders.plans import SenderRef
+from teibatch.pipeline.senders.sending import embedded_in_order
 from teibatch.quantize import DEFAULT_CALIBRATION_TEXTS, FLOAT_TYPES, Quantization
 from teibatch.sink import Manifest
 

@@ -35,11 +35,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import orjson
 
-from teibatch.pipeline.senders import ServerClients, ServerPlan
-from teibatch.sparse import vector_rows
+from teibatch.pipeline.senders.core import ServerClients
+from teibatch.pipeline.senders.plans import ServerPlan
 from teibatch.tei import ROUTE_EMBED_SPARSE, EmbedOptions, EmbedRequest, EmbedResult, RequestPacker, TeiClient
 from teibatch.tei.pool import ServerStats
 
@@ -196,8 +195,7 @@ class _Sending:
         self.budgets = [_Budget(p.limits.max_inflight_inputs, p.limits.max_requests) for p in wave.servers]
         self.waiting = deque(wave.requests)
         sparse = wave.requests[0].request.route == ROUTE_EMBED_SPARSE  # one route for the whole wave
-        self.vectors = [vector_rows(len(texts), dimension, sparse) for texts in wave.chunks]
-        self.ok = [np.zeros(len(texts), dtype=bool) for texts in wave.chunks]
+        self.results = [EmbedResult.blank(len(texts), dimension, sparse) for texts in wave.chunks]
         self.open_requests = [0] * len(wave.chunks)  # waiting or on their way
         for wave_request in wave.requests:
             self.open_requests[wave_request.chunk] += 1
@@ -274,8 +272,8 @@ class _Sending:
             tally.count_error(type(exc).__name__)
         else:
             positions = list(wave_request.positions)
-            self.vectors[wave_request.chunk][positions] = got
-            self.ok[wave_request.chunk][positions] = True
+            self.results[wave_request.chunk].vectors[positions] = got
+            self.results[wave_request.chunk].ok[positions] = True
             tally.requests += 1
             tally.inputs += count
             tally.seconds += time.monotonic() - sent_at
@@ -297,8 +295,7 @@ class _Sending:
     def _deposit(self, chunk: int) -> None:
         if self.open_requests[chunk] >= 0:
             self.open_requests[chunk] = -1  # deposited: once only
-            result = EmbedResult(self.vectors[chunk], self.ok[chunk], [], np.zeros(len(self.ok[chunk]), dtype=bool))
-            self.deposit(chunk * self.wave.chunk_size, result)
+            self.deposit(chunk * self.wave.chunk_size, self.results[chunk])
 
     def _check_done(self) -> None:
         if not self.sending and not any(b.in_flight for b in self.budgets):

@@ -30,11 +30,10 @@ import logging
 import math
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from teibatch.corpus import CorpusOptions, Shard
-    from teibatch.pipeline.senders import SenderRef
+from teibatch.corpus import CorpusOptions, Document, Shard, read_shard
+from teibatch.pipeline.senders.plans import SenderRef, least_loaded
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +95,6 @@ class FirstTexts:
 
     def read(self, count: int) -> None:
         """Read on until ``count`` texts are held, the shard ends or :data:`MAX_HEAD_START_CHARS` is reached."""
-        # Here, not at the top: the senders' processes import this module for its records, and read nothing.
-        from teibatch.corpus import Document, read_shard
-
         try:
             if self._items is None:
                 self._items = iter(read_shard(self.corpus, self.shard))
@@ -136,7 +132,7 @@ class FirstTexts:
         load = self._load or [0] * len(senders)
         for start in range(self._sent, len(self.texts), chunk_size):
             chunk = self.texts[start:start + chunk_size]
-            index = min(range(len(senders)), key=lambda i: load[i] / senders[i].budget)
+            index = least_loaded(senders, load)
             sender = senders[index]
             if start in wave:
                 result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan, start)

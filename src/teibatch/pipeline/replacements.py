@@ -35,7 +35,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import FleetError, TeibatchError
 from teibatch.fleet import LostServer, Provider, ReplacesLost
 from teibatch.pipeline.progress import Reporter
-from teibatch.pipeline.senders import SenderPlan, SenderRef, ServerPlan
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)

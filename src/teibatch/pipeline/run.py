@@ -47,19 +47,9 @@ from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
 from teibatch.pipeline.same_output import check_vector_kind, open_manifest
-from teibatch.pipeline.senders import (
-    SenderPlan,
-    SenderRef,
-    ServerPlan,
-    last_streams,
-    launch_senders,
-    plan_senders,
-    sender_news,
-    split_servers,
-    start_senders,
-    stop_senders,
-    streams_done,
-)
+from teibatch.pipeline.senders.actor import launch_senders, sender_news, start_senders, stop_senders
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
+from teibatch.pipeline.senders.sending import last_streams, streams_done
 from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id

@@ -31,7 +31,8 @@ from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vec
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.dedup import CLAIM_BATCH, ShardCopies
 from teibatch.pipeline.head_start import HeadStart
-from teibatch.pipeline.senders import SenderRef, embed_through_senders, embedded_in_order
+from teibatch.pipeline.senders.plans import SenderRef
+from teibatch.pipeline.senders.sending import embed_through_senders, embedded_in_order
 from teibatch.sink import (
     DOCUMENTS_DIR,
     REJECTS_DIR,

@@ -33,7 +33,7 @@ import contextlib
 import functools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -92,6 +92,41 @@ class EmbedResult:
         if len(self.truncated) != len(self.ok):
             object.__setattr__(self, "truncated", np.zeros(len(self.ok), dtype=bool))
 
+    @classmethod
+    def blank(cls, count: int, dimension: int, sparse: bool) -> EmbedResult:
+        """A result for ``count`` texts, none embedded yet: its arrays are filled in place, by position, as
+        answers come back (``sparse``: one sparse row per text, else a ``dimension``-wide float32 matrix).
+
+        The one place a result's arrays are made, so that every result has the same shapes and types.
+        """
+        return cls(vector_rows(count, dimension, sparse), np.zeros(count, dtype=bool), [],
+                   np.zeros(count, dtype=bool))
+
+    @classmethod
+    def assembled(cls, count: int, dimension: int,
+                  parts: Sequence[tuple[int | np.ndarray, EmbedResult]]) -> EmbedResult:
+        """One result for ``count`` texts put together from results for some of them: the chunks of a
+        shard, or the texts the driver embedded and those a sender embedded after it.
+
+        Each part comes with where its texts go: the position of its first (a run of texts), or one
+        position per text. A later part takes its texts' places from an earlier one, failures
+        included; a text no part covers is neither embedded nor failed. Failures are renumbered to
+        their positions in the whole, in position order.
+        """
+        whole = cls.blank(count, dimension, sparse=any(part.vectors.dtype == object for _, part in parts))
+        failures: list[Failure] = []
+        for at, part in parts:
+            where = slice(at, at + len(part.ok)) if isinstance(at, int) else at
+            whole.vectors[where], whole.ok[where], whole.truncated[where] = part.vectors, part.ok, part.truncated
+            if failures or part.failures:
+                positions = np.arange(count)[where]
+                if failures:
+                    covered = set(positions.tolist())
+                    failures = [f for f in failures if f.position not in covered]
+                failures += [Failure(int(positions[f.position]), f.reason, f.detail) for f in part.failures]
+        failures.sort(key=lambda f: f.position)
+        return cls(whole.vectors, whole.ok, failures, whole.truncated)
+
 
 def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_CAP_S) -> float:
     """Full-jitter exponential backoff: a random wait in [0, min(cap, base * 2**attempt)]."""
@@ -132,9 +167,7 @@ class _Run:
         self.queue = WorkQueue(texts, packer, payload_limit=min(packer.payload_limit, pool.smallest_payload_limit),
                                max_input_chars=max_chars)
         self.sparse = packer.route == ROUTE_EMBED_SPARSE
-        self.vectors = vector_rows(len(texts), dimension, self.sparse)
-        self.ok = np.zeros(len(texts), dtype=bool)
-        self.truncated = np.zeros(len(texts), dtype=bool)
+        self.result = EmbedResult.blank(len(texts), dimension, self.sparse)
         self.flights: dict[asyncio.Task[None], _Flight] = {}
         self.fatal: BaseException | None = None
         self.wake = asyncio.Event()
@@ -156,8 +189,7 @@ class _Run:
                     task.cancel()
             if not finished:
                 await asyncio.gather(*self.flights, return_exceptions=True)
-        failures = sorted(self.queue.failures, key=lambda f: f.position)
-        return EmbedResult(self.vectors, self.ok, failures, self.truncated)
+        return replace(self.result, failures=sorted(self.queue.failures, key=lambda f: f.position))
 
     def _has_unsent(self) -> bool:
         return not self.queue.empty()
@@ -266,9 +298,9 @@ class _Run:
         if flight.is_copy:
             server.stats.copies_won += 1
         positions = np.fromiter((i.position for i in items), dtype=np.int64, count=len(items))
-        self.vectors[positions] = vectors
-        self.ok[positions] = True
-        self.truncated[positions] = [i.truncated for i in items]
+        self.result.vectors[positions] = vectors
+        self.result.ok[positions] = True
+        self.result.truncated[positions] = [i.truncated for i in items]
 
     def _land(self, flight: _Flight) -> None:
         """``flight`` is back (answered or not): its inputs leave its server's budget, once."""

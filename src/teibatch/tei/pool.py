@@ -4,7 +4,7 @@ Each :class:`Server` holds the whole in-flight budget of one server (its :class:
 an AIMD :class:`~teibatch.tei.window.ConcurrencyWindow` below it; inputs in flight to a server never
 exceed its window, so they never exceed ``max_concurrent_requests``. One pool is meant to be the
 only sender to its servers for a whole run, shared by every concurrent :func:`embed_texts` call on
-its event loop (see ``pipeline/senders.py``): whoever is sending right now uses the whole budget.
+its event loop (see ``pipeline/senders/``): whoever is sending right now uses the whole budget.
 
 A server that fails ``down_after`` times in a row (no answer, 5xx, or a wrong answer such as another
 dimension or NaN values) is taken out and probed in the background: on ``/health``, then with a

@@ -2,7 +2,7 @@
 
 The window starts at the server's whole in-flight budget (``ceiling``: ``max_concurrent_requests``,
 or the job's lower override), which the one sender that owns the server for the run uses alone
-(``pipeline/senders.py``); it moves only below that:
+(``pipeline/senders/``); it moves only below that:
 
 * **halve** on a 429 (someone else uses the server too, or it lies about its limit), and when
   latency grows: the recent latency (a fast moving average) passes ``latency_factor`` times the

@@ -1,0 +1,50 @@
+"""Senders: the few long-lived processes that talk to the TEI servers for a whole run.
+
+Why they exist: a server's ``max_concurrent_requests`` is one budget, counted in inputs across
+every client. Split up front between shard tasks, each slice sits idle while its task reads,
+hashes or writes Parquet, and slices smaller than a batch shrink every request. So every server
+is owned by exactly one sender for the whole run, which holds its *whole* budget and one adaptive
+window (``tei/pool.py``); shard tasks stream their texts to the senders in chunks and get the
+vectors back through Ray's object store. Whatever is sending right now uses the whole budget, the
+last shard of a run included, and a task that is reading or writing holds none of it.
+
+The modules, by role (``plans`` is imported by the other two sides, which do not import each other):
+
+* ``plans``: what a sender is given (its servers and their limits), how servers are split between
+  senders, and which sender takes a chunk next. Plain records: the driver, the shard tasks and the
+  senders' processes all import them.
+* ``core`` and ``actor``: the sender itself, its work on one event loop (:class:`~.core.SenderCore`,
+  plain Python) and the Ray actor hosting it (:class:`~.actor.SenderActor`), with the driver's calls
+  that start, ask and stop the actors.
+* ``sending``: the shard task's side: texts streamed out in chunks, results back in text order.
+
+How the pieces meet:
+
+* How many senders: one per ``SERVERS_PER_SENDER`` servers (servers, not CPUs, size them); each
+  is an asyncio actor with ``num_cpus=0`` placed on the driver's node (where SSH tunnels end).
+* What a chunk is: ``CHUNK_BATCHES`` full requests' worth of texts, so sharing never shrinks a
+  request: only the last chunk of a shard may end in a smaller one.
+* Inside a sender, chunks are admitted oldest shard task first (``pipeline/admission.py``); enough
+  of them at once to fill every server's window, and no more, so a chunk's requests go out together
+  and it comes back soon, and tasks finish one after another instead of all at once.
+* At the end of a run, idle servers take copies of the requests that would land last (tail
+  hedging, ``tei/hedging.py``). A sender allows it once it knows no more texts will come: the driver
+  names the shards still running when it has started the last task (``SenderActor.last_streams``),
+  and each shard says when it has sent its last chunk (``SenderActor.stream_done``; the driver
+  says it for a task that ended without doing so).
+* The run's first requests are sent by the driver itself (``pipeline/first_wave.py``) until the
+  senders are running (``SenderActor.running``). A plan says how many inputs the driver may
+  have in flight at each server (``SenderPlan.held``): they count against the sender's window until
+  the driver gives them back (``SenderActor.others_released``); its requests count in the
+  sender's report (``SenderActor.others_landed``); the chunks of those texts wait in the
+  sender for the driver's vectors (``SenderActor.deposit``), the sender embedding only what the
+  driver did not get.
+* A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
+  chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
+  leaves nothing counted anywhere: in-flight counts live only inside the sender that sends. A
+  restarted sender does not know which shards are done, and never copies requests; like the
+  requests its predecessor left in the servers' queues, the driver's first wave is no longer
+  counted in it (it takes no hold and waits for no vectors from the driver).
+
+This package re-exports nothing: import from the module that owns a name.
+"""

@@ -1,0 +1,238 @@
+"""The sender as a Ray actor, and the driver's calls that start, ask and stop the senders.
+
+:class:`SenderActor` hosts one :class:`~teibatch.pipeline.senders.core.SenderCore` in Ray: it takes
+the sender's plan with every chunk (so a sender Ray restarts has it from its first one), and the
+driver's first wave (``pipeline/first_wave.py``) meets the sender here: its vectors, its holds on
+the servers' budgets and its requests, told before or after the sender has a plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from teibatch.crashpoints import task_environment
+from teibatch.endpoint import Endpoint
+from teibatch.pipeline.senders.core import CONNECTIONS_AHEAD, SenderCore, ServerClients, Streams
+from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
+from teibatch.tei import EmbedResult, tls_context
+
+MAX_SENDER_RESTARTS = 5
+# How long a chunk of the driver's first wave waits for the driver's vectors, in request timeouts (plus
+# a margin): the driver's requests have timed out by then, and the sender embeds the chunk itself.
+WAVE_WAIT_TIMEOUTS = 2
+WAVE_WAIT_MARGIN_S = 30.0
+
+
+class SenderActor:
+    """The Ray actor around a :class:`SenderCore` (async methods: chunks run concurrently).
+
+    It is created with its servers' addresses, before anything else is known of them, and opens
+    connections to them at once, while Ray readies it for its first call. Its plan comes with every
+    chunk, so that a restarted actor (Ray calls ``__init__`` again) has it from the first chunk it is
+    sent. A plan without a dimension (sent before the servers' probe) sets the sender up; chunks sent
+    with one wait until a probed plan comes with another call.
+    """
+
+    def __init__(self, servers: Sequence[Endpoint] = (), api_key_env: str | None = None) -> None:
+        self.core: SenderCore | None = None
+        self.streams = Streams()
+        self.clients = ServerClients()
+        self._https = any(server.url.startswith("https:") for server in servers)
+        self._probed = asyncio.Event()
+        # The driver's first wave: its vectors per chunk, and its requests back before this sender had a plan.
+        self.restarted = _restarted()
+        self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
+        self._driver_early: list[Callable[[SenderCore], None]] = []  # what the driver said before the plan came
+        self._connecting: asyncio.Task[None] | None = None
+        if servers:
+            with contextlib.suppress(RuntimeError):  # no event loop: built outside Ray, connects when called
+                self._connecting = asyncio.get_running_loop().create_task(
+                    self.clients.open(servers, CONNECTIONS_AHEAD, api_key_env))
+
+    async def warm(self) -> None:
+        """Finish the one-time set-up: :func:`~teibatch.tei.client.tls_context` (for HTTPS), the connections.
+
+        Also moves every object alive now (Ray's, the imported modules', the connections') out of
+        the garbage collector's sight: a full collection scanned them all, a pause in which no answer
+        became a new request (measured in ``docs/client.md``, "The senders come first for the CPU").
+        """
+        if self._https:
+            tls_context()
+        if self._connecting is not None:
+            await self._connecting
+        gc.freeze()
+
+    async def prepare(self, plan: SenderPlan) -> None:
+        """Take ``plan`` and connect to its servers (once), while the servers are probed or the first tasks start."""
+        await self._core(plan).connect()
+
+    async def embed(self, texts: list[str], priority: float, plan: SenderPlan, wave: int | None = None) -> EmbedResult:
+        """Vectors for ``texts``.
+
+        ``wave``: the driver sends these texts itself (``pipeline/first_wave.py``); this sender takes
+        its vectors and embeds only the texts it did not get.
+        """
+        core = self._core(plan)
+        if core.dimension is None:
+            await self._probed.wait()
+        if wave is not None and not self.restarted:
+            done = await self._deposit(wave, plan)
+            if done is not None:
+                return await core.embed_rest(texts, done, priority)
+        return await core.embed(texts, priority)
+
+    async def deposit(self, wave: int, result: EmbedResult) -> None:
+        """The driver's vectors for the chunk sent with ``wave`` (``ok`` marks the texts it got)."""
+        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+        if not future.done():
+            future.set_result(result)
+
+    async def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
+                            errors: dict[str, int]) -> None:
+        """What the driver's first wave did at ``url``, all of it back: counted in this sender's report."""
+        self._from_driver(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
+
+    async def others_released(self, url: str, inputs: int) -> None:
+        """The driver gave back ``inputs`` of what it held at ``url``: they are this sender's to use."""
+        self._from_driver(lambda core: core.others_released(url, inputs))
+
+    async def running(self) -> None:
+        """Returns once this sender can send: it has the probed plan and its connections are open."""
+        await self._probed.wait()
+        if self._connecting is not None:
+            await self._connecting
+
+    def _from_driver(self, news: Callable[[SenderCore], None]) -> None:
+        if self.restarted:
+            return  # a restarted sender took no hold: nothing the driver says about it applies
+        if self.core is None:
+            self._driver_early.append(news)
+        else:
+            news(self.core)
+
+    async def _deposit(self, wave: int, plan: SenderPlan) -> EmbedResult | None:
+        """The driver's vectors for chunk ``wave``; None if they do not come in time (its requests timed out)."""
+        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(future, WAVE_WAIT_TIMEOUTS * plan.request_timeout + WAVE_WAIT_MARGIN_S)
+        except TimeoutError:
+            return None
+        finally:
+            self._deposits.pop(wave, None)
+
+    async def stream_done(self, stream: str) -> None:
+        """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
+        self.streams.finished(stream)
+
+    async def last_streams(self, streams: list[str]) -> None:
+        """Only ``streams`` may still send chunks (see :class:`Streams`)."""
+        self.streams.last_ones(streams)
+
+    def _core(self, plan: SenderPlan) -> SenderCore:
+        if self.core is None:
+            self.core = SenderCore(plan, self.streams, self.clients, takes_holds=not self.restarted)
+            for news in self._driver_early:
+                news(self.core)
+            self._driver_early.clear()
+        if plan.dimension is not None:
+            self.core.probed(plan.dimension)
+            self._probed.set()
+        return self.core
+
+    async def lose(self, url: str, replacement_coming: bool, plan: SenderPlan) -> bool:
+        """The cloud took the server at ``url`` back (:meth:`SenderCore.lose`)."""
+        return self._core(plan).lose(url, replacement_coming)
+
+    async def add(self, server: ServerPlan, plan: SenderPlan) -> None:
+        """A replacement server joins this sender (:meth:`SenderCore.add`)."""
+        await self._core(plan).add(server)
+
+    async def not_coming(self, plan: SenderPlan) -> None:
+        """A replacement announced with :meth:`lose` will not come."""
+        self._core(plan).not_coming()
+
+    async def stats(self) -> dict[str, dict[str, object]]:
+        return self.core.stats() if self.core is not None else {}
+
+    async def news(self) -> list[str]:
+        return self.core.news() if self.core is not None else []
+
+    async def close(self) -> None:
+        if self.core is not None:
+            await self.core.close()
+
+
+def _restarted() -> bool:
+    """Whether this is a Ray actor that Ray restarted (False outside Ray)."""
+    if not ray.is_initialized():
+        return False  # tests build senders directly
+    with warnings.catch_warnings():  # Ray's own property reads a deprecated one
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        except Exception:  # not an actor
+            return False
+
+
+def launch_senders(groups: Sequence[Sequence[Endpoint]], api_key_env: str | None = None) -> list[Any]:
+    """A sender actor for each group of servers (``plans.split_servers``), on this (the driver's) node when it can.
+
+    Ray restarts one that dies. Returns at once: the actors' processes start and connect to their
+    servers while the driver goes on — meeting the servers, reading the first texts; chunks sent
+    meanwhile wait in the actor's queue. A sender that fails to start is found by the first chunk
+    sent to it.
+    """
+    here = ray.get_runtime_context().get_node_id()
+    options: dict[str, object] = {
+        "num_cpus": 0, "max_restarts": MAX_SENDER_RESTARTS, "max_task_retries": 0, "max_concurrency": 1000,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=here, soft=True)}
+    if crash_settings := task_environment():
+        options["runtime_env"] = {"env_vars": crash_settings}
+    actor_class = ray.remote(SenderActor).options(**options)  # type: ignore[arg-type]
+    return [actor_class.remote(tuple(servers), api_key_env) for servers in groups]
+
+
+def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = None) -> list[SenderRef]:
+    """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones."""
+    if actors is None:
+        actors = launch_senders([[p.endpoint for p in plan.servers] for plan in plans],
+                                plans[0].api_key_env if plans else None)
+    if len(actors) != len(plans):
+        raise ValueError(f"{len(plans)} sender plans for {len(actors)} sender actors")
+    for actor, plan in zip(actors, plans, strict=True):
+        actor.prepare.remote(plan)
+    return [SenderRef(actor, plan) for actor, plan in zip(actors, plans, strict=True)]
+
+
+def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict[str, object]]:
+    """Per-server stats from every sender actor, then the actors killed (a dead one reports nothing)."""
+    stats: dict[str, dict[str, object]] = {}
+    refs: list[ray.ObjectRef[Any]] = [actor.stats.remote() for actor in actors]
+    for ref in refs:
+        try:
+            stats.update(ray.get(ref, timeout=timeout))
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    return stats
+
+
+def sender_news(senders: Sequence[SenderRef], timeout: float = 2.0) -> list[str]:
+    """What the senders have to say about faults since last asked (nothing from a busy or dead one)."""
+    lines: list[str] = []
+    refs: list[ray.ObjectRef[Any]] = [s.actor.news.remote() for s in senders]
+    for ref in refs:
+        try:
+            lines += ray.get(ref, timeout=timeout)
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
+    return lines

@@ -1,0 +1,113 @@
+"""What a sender is given, how servers are split between senders, and which sender takes a chunk next.
+
+Plain records, with no Ray and no HTTP: the driver plans the senders, the senders' processes receive
+their plan with every chunk, and the shard tasks size their chunks by it, so all three import this
+module and nothing heavier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from teibatch.endpoint import Endpoint
+from teibatch.tei import ClientLimits, EmbedOptions
+
+T = TypeVar("T")
+
+SERVERS_PER_SENDER = 4
+CHUNK_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One server as its sender sees it: where, and the limits the job allows towards it."""
+
+    endpoint: Endpoint
+    limits: ClientLimits
+
+
+@dataclass(frozen=True)
+class SenderPlan:
+    """What one sender needs: its servers (with their whole limits) and how to talk to them.
+
+    ``dimension`` is ``None`` until the servers' probe has shown it: a sender given such a plan
+    connects to its servers, and the chunks sent with it (the driver's head start) wait in the
+    sender until it has the probed plan.
+
+    ``held``: per server, in order, the inputs the driver's first wave may have in flight there
+    (``pipeline/first_wave.py``); empty when there is none.
+    """
+
+    servers: tuple[ServerPlan, ...]
+    route: str
+    embed: EmbedOptions
+    dimension: int | None
+    model_id: str | None = None
+    api_key_env: str | None = None
+    request_timeout: float = 60.0
+    max_retries: int = 6
+    held: tuple[int, ...] = ()
+
+    @property
+    def budget(self) -> int:
+        """Inputs this sender may keep in flight over all its servers."""
+        return sum(p.limits.max_inflight_inputs for p in self.servers)
+
+    @property
+    def chunk_size(self) -> int:
+        """Texts in one chunk: ``CHUNK_BATCHES`` full requests to the largest batch among its servers."""
+        return CHUNK_BATCHES * max(p.limits.max_batch_size for p in self.servers)
+
+
+def sender_count(servers: int) -> int:
+    """How many senders share ``servers`` servers: one per ``SERVERS_PER_SENDER``."""
+    return max(1, math.ceil(servers / SERVERS_PER_SENDER))
+
+
+def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int | None,
+                 model_id: str | None, api_key_env: str | None, request_timeout: float,
+                 max_retries: int, held: Mapping[str, int] | None = None) -> list[SenderPlan]:
+    """One plan per sender, with its share of ``servers`` (:func:`split_servers`).
+
+    ``held``: per server URL, the inputs the driver's first wave may have in flight there.
+    """
+    held = held or {}
+    return [SenderPlan(tuple(own), route, embed, dimension, model_id, api_key_env, request_timeout, max_retries,
+                       tuple(held.get(p.endpoint.url, 0) for p in own) if held else ())
+            for own in split_servers(servers)]
+
+
+def split_servers(servers: Sequence[T]) -> list[Sequence[T]]:
+    """``servers`` split between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
+    count = sender_count(len(servers))
+    return [servers[i::count] for i in range(count)]
+
+
+@dataclass(frozen=True)
+class SenderRef:
+    """A sender as the driver and shard tasks see it: the actor handle and the shape of its work."""
+
+    actor: Any  # ray.actor.ActorHandle of pipeline.senders.actor.SenderActor
+    plan: SenderPlan
+
+    @property
+    def budget(self) -> int:
+        return self.plan.budget
+
+    @property
+    def chunk_size(self) -> int:
+        return self.plan.chunk_size
+
+
+def least_loaded(senders: Sequence[SenderRef], load: Sequence[int], among: Iterable[int] | None = None) -> int:
+    """The index of the sender (of those in ``among``; every one by default) with the least ``load`` per
+    input of its budget: where the next chunk goes.
+
+    ``load[i]``: the texts a caller has sent to ``senders[i]`` and not had back. Measured against the
+    budget so that a sender with more servers takes more; counted by the caller so that a sender that
+    answers sooner is given more again sooner. Ties go to the first of them.
+    """
+    return min(range(len(senders)) if among is None else among, key=lambda i: load[i] / senders[i].budget)

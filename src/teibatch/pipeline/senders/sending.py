@@ -1,0 +1,165 @@
+"""The shard task's side of the senders: its texts streamed out in chunks, the results back in text order.
+
+Also the notices that tell the senders when no more texts will come (which allows tail hedging,
+``tei/hedging.py``): the driver names the last shards, and each shard says when it has sent its last
+chunk.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+
+import ray
+
+from teibatch.errors import CapacityUnavailable, TeibatchError
+from teibatch.pipeline.head_start import HeadStart, texts_digest
+from teibatch.pipeline.senders.plans import SenderRef, least_loaded
+from teibatch.tei import EmbedResult
+
+# A task keeps this many of a sender's budgets outstanding there (plus a chunk): enough queued in the
+# sender that a server never waits for a task to be scheduled, even on a busy machine.
+OUTSTANDING_BUDGETS = 2
+MAX_CHUNK_RESENDS = 3
+# How long a shard task waits for one chunk before it asks again whether its sender still lives.
+WAIT_SLICE_S = 5.0
+
+
+def last_streams(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
+    """Tell every sender that only the shards ``streams`` may still send texts (it does not wait)."""
+    names = sorted(streams)
+    for sender in senders:
+        sender.actor.last_streams.remote(names)
+
+
+def streams_done(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
+    """Tell every sender that the shards ``streams`` will send nothing more (it does not wait)."""
+    for stream in streams:
+        for sender in senders:
+            sender.actor.stream_done.remote(stream)
+
+
+class SenderFailed(TeibatchError):
+    """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
+
+
+def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
+                          priority: float = 0.0, stream: str | None = None,
+                          head: HeadStart | None = None) -> EmbedResult:
+    """Embed ``texts`` through ``senders`` and put the results together in order: :func:`embedded_in_order`, merged."""
+    parts = list(embedded_in_order(texts, senders, priority=priority, stream=stream, head=head))
+    return EmbedResult.assembled(sum(len(part.ok) for _, part in parts), dimension, parts)
+
+
+def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priority: float = 0.0,
+                      stream: str | None = None, head: HeadStart | None = None,
+                      ) -> Iterator[tuple[int, EmbedResult]]:
+    """Embed ``texts`` in chunks over ``senders``; yield ``(start, result)`` per chunk, in text order (in a shard task).
+
+    A chunk's result is yielded as soon as it and every chunk before it are back, so that the caller
+    can write the leading vectors while the rest are embedded.
+
+    ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
+    goes out as soon as it is read, while the rest of the shard is still being read and hashed.
+
+    ``priority`` orders this task's chunks against other tasks' in each sender (lower first): the
+    task's start time, so that the oldest task finishes first (see ``pipeline/admission.py``).
+
+    Each sender gets at most twice its budget plus one chunk of this task's texts at a time, so that
+    this task alone can keep every server full while the others read or write; new chunks go to the sender
+    with the fewest of this task's inputs outstanding per input of its budget (:func:`least_loaded`),
+    so a faster sender gets more. A sender whose
+    servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
+
+    ``stream``: the shard's id, told to every sender once its last chunk is out (see ``Streams`` in ``core.py``).
+
+    ``head``: chunks of the first texts that the driver already sent (``pipeline/head_start.py``);
+    their results are taken as this task's when the first texts are those the driver read.
+    """
+    all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
+    try:
+        yield from _send_in_chunks(texts, senders, priority, all_sent, head)
+    finally:
+        all_sent()  # a shard that failed sends nothing more either
+
+
+class _Once:
+    """Calls its action the first time it is called, and never again."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
+                    all_sent: Callable[[], None], head: HeadStart | None) -> Iterator[tuple[int, EmbedResult]]:
+    """The work of :func:`embedded_in_order`; ``all_sent`` is called once the last chunk is out."""
+    chunk_size = min(s.chunk_size for s in senders)
+    source = iter(texts)
+    count = 0  # texts read from ``source`` so far
+    unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
+    outstanding: dict[ray.ObjectRef, tuple[int, list[str], int]] = {}
+    load = [0] * len(senders)
+    if head is not None:
+        first = list(islice(source, head.count))
+        count = len(first)
+        if count == head.count and texts_digest(first) == head.digest:
+            for sent in head.chunks:
+                outstanding[sent.result] = (sent.start, first[sent.start:sent.start + sent.length], sent.sender)
+                load[sent.sender] += sent.length
+        else:  # not the texts the driver read: these are sent like any others
+            unsent.extend((start, first[start:start + chunk_size]) for start in range(0, count, chunk_size))
+    alive = set(range(len(senders)))
+    resends: dict[int, int] = {}
+    back: dict[int, EmbedResult] = {}  # results that wait for an earlier chunk's
+    given = 0  # texts whose results were yielded
+    exhausted = False
+    while True:
+        while ready := [i for i in alive if load[i] < OUTSTANDING_BUDGETS * senders[i].budget + senders[i].chunk_size]:
+            if not unsent and not exhausted:
+                chunk = list(islice(source, chunk_size))
+                exhausted = len(chunk) < chunk_size
+                if chunk:
+                    unsent.append((count, chunk))
+                    count += len(chunk)
+            if not unsent:
+                break
+            index = least_loaded(senders, load, ready)
+            start, chunk = unsent.popleft()
+            outstanding[senders[index].actor.embed.remote(chunk, priority, senders[index].plan)] = (start, chunk, index)
+            load[index] += len(chunk)
+        if exhausted and not unsent:
+            all_sent()
+        if not outstanding:
+            break
+        done, _ = ray.wait(list(outstanding), num_returns=1, timeout=WAIT_SLICE_S)
+        for ref in done:
+            start, chunk, index = outstanding.pop(ref)
+            load[index] -= len(chunk)
+            try:
+                result: EmbedResult = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, CapacityUnavailable) and len(alive) > 1:
+                    alive.discard(index)
+                    unsent.appendleft((start, chunk))
+                    continue
+                raise (cause if isinstance(cause, BaseException) else exc) from None
+            except ray.exceptions.RayActorError as exc:
+                resends[start] = resends.get(start, 0) + 1
+                if resends[start] > MAX_CHUNK_RESENDS:
+                    raise SenderFailed(f"a sender died {MAX_CHUNK_RESENDS + 1} times while embedding texts "
+                                       f"{start}-{start + len(chunk)} of this shard ({exc.__class__.__name__}); "
+                                       "the same command retries the shard") from None
+                unsent.appendleft((start, chunk))
+                continue
+            back[start] = result
+            while given in back:
+                result = back.pop(given)
+                yield given, result
+                given += len(result.ok)
