@@ -230,18 +230,27 @@ def test_overload_that_never_ends_propagates(tei: Start, monkeypatch: pytest.Mon
 
 
 class SlowerAfter(httpx.AsyncBaseTransport):
-    """The real transport, but every embed request after the first ``after`` takes ``delay`` s longer."""
+    """The real transport, but every embed request after the first ``after`` takes longer: ``delay`` s, or
+    ten times the first requests' mean latency when that is more (a loaded machine's baseline is slow too)."""
 
     def __init__(self, after: int, delay: float) -> None:
         self.inner = httpx.AsyncHTTPTransport()
         self.after, self.delay, self.seen = after, delay, 0
+        self.baseline: list[float] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/embed":
-            self.seen += 1
-            if self.seen > self.after:
-                await asyncio.sleep(self.delay)
-        return await self.inner.handle_async_request(request)
+        if request.url.path != "/embed":
+            return await self.inner.handle_async_request(request)
+        self.seen += 1
+        if self.seen > self.after:
+            mean = sum(self.baseline) / len(self.baseline) if self.baseline else 0.0
+            await asyncio.sleep(max(self.delay, 10 * mean))
+            return await self.inner.handle_async_request(request)
+        began = time.monotonic()
+        answer = await self.inner.handle_async_request(request)
+        await answer.aread()
+        self.baseline.append(time.monotonic() - began)
+        return answer
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -250,7 +259,7 @@ class SlowerAfter(httpx.AsyncBaseTransport):
 def test_latency_growth_shrinks_the_window(tei: Start) -> None:
     server = tei(max_client_batch_size=4, max_concurrent_requests=64, record_texts=True)
     texts = corpus(300)
-    # A jump far above any baseline latency, even on a loaded 2-core CI machine.
+    # A jump far above the baseline latency, even on a loaded 2-core CI machine.
     done = embed([server.url], texts, transport=SlowerAfter(after=40, delay=1.0))
     assert_all_embedded(done, texts)
     stats = done.stats[server.url]
