@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+import teibatch.fleet.rental as rental_module
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet import rental as rental_module
 from teibatch.fleet.base import (
     Capability,
     Instance,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import teibatch.fleet.containers as containers
 from teibatch.endpoint import Endpoint
 from teibatch.errors import (
     CapacityUnavailable,
@@ -32,7 +33,6 @@ from teibatch.errors import (
     RemoteCommandFailed,
     TeardownIncomplete,
 )
-from teibatch.fleet import containers
 from teibatch.fleet.base import (
     Capability,
     DestroysHosts,

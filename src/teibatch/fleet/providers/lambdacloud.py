@@ -24,7 +24,7 @@ import logging
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from teibatch.fleet.hosted import ContainerProvider, HostPlan, _Slot
 from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
-from teibatch.fleet.shell import SshShell, SshTarget, wait_login
+from teibatch.fleet.shell import SshLogin, SshShell, wait_login
 
 log = logging.getLogger(__name__)
 
@@ -118,22 +118,6 @@ class LambdaApi(CloudApi):
     def terminate(self, instance_id: str) -> None:
         self._client.call("POST", "/instance-operations/terminate", what=f"terminate {instance_id}",
                           json={"instance_ids": [instance_id]}, missing_ok=True)
-
-
-@dataclass(frozen=True)
-class SshLogin:
-    """How teibatch logs in to a rented VM (Lambda's images: ``ubuntu``, port 22, the key registered as
-    ``ssh_key_name``); ``key_file`` is a path OpenSSH reads, never read by teibatch."""
-
-    user: str = "ubuntu"
-    port: int = 22
-    key_file: str | None = None
-
-    def target(self, address: str, known_hosts: Path) -> SshTarget:
-        # A freshly rented VM has a host key nobody knows yet: accept it into this run's own known_hosts.
-        return SshTarget(address=address, port=self.port, user=self.user,
-                         key_file=str(Path(self.key_file).expanduser()) if self.key_file else None,
-                         known_hosts=str(known_hosts), host_key_checking="accept-new")
 
 
 class LambdaProvider(ContainerProvider):
