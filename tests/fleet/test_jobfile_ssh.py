@@ -32,8 +32,8 @@ def test_hosts_inline_and_from_inventory(tmp_path: Path) -> None:
     assert isinstance(provider, SshProvider)
     assert [p.shell.label for p in provider.hosts] == ["10.0.0.1:2222", "ubuntu@10.0.0.2:22"]
     assert provider.hosts[1].gpu_index == 1 and provider.hosts[1].destroy_command
-    assert provider.image == "my/tei:1" and provider.volume == "/data/tei"
-    assert provider.startup_timeout == 900  # containers pull images and models: 15 minutes unless set
+    assert provider.hosted.image == "my/tei:1" and provider.hosted.volume == "/data/tei"
+    assert provider.hosted.startup_timeout == 900  # containers pull images and models: 15 minutes unless set
 
 
 @pytest.mark.parametrize("servers, sections, key, message", [
@@ -76,4 +76,4 @@ def test_local_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker at all
     assert isinstance(job_provider(load_job(job(tmp_path, {"provider": "local"}))), LocalProvider)
     forced = job_provider(load_job(job(tmp_path, {"provider": "local", "engine": "docker", "count": 1})))
-    assert isinstance(forced, LocalDockerProvider) and forced.gpu is False
+    assert isinstance(forced, LocalDockerProvider) and forced.hosted.gpu is False
