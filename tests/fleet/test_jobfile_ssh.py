@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from teibatch.errors import JobSpecError
-from teibatch.fleet import LocalDockerProvider, LocalProvider, SshProvider
+from teibatch.fleet import LocalDockerProvider, LocalProvider, SshProvider, read_inventory
 from teibatch.job import load_job
 from teibatch.pipeline.run_fleet import job_provider
 
@@ -70,6 +70,10 @@ def test_bad_inventory_names_the_host_key(tmp_path: Path) -> None:
     assert caught.value.key == "servers.inventory"
     with pytest.raises(JobSpecError, match="cannot read the inventory"):
         job_provider(load_job(job(tmp_path, {"provider": "ssh", "inventory": str(tmp_path / "missing.yaml")})))
+    inventory.write_text("just a string")
+    with pytest.raises(JobSpecError, match="expected a list of hosts") as caught:
+        read_inventory(inventory)  # the fleet's own reader raises the job error too, not a ValueError
+    assert caught.value.key == "servers.inventory"
 
 
 def test_local_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

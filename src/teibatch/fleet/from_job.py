@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import yaml
 from pydantic import ValidationError
 
 from teibatch.errors import JobSpecError
@@ -102,19 +101,13 @@ def ssh_hosts(servers: ServersSection) -> list[SshHost]:
 
     sections = list(servers.hosts)
     inventory = servers.inventory
-    if inventory:
+    for index, host in enumerate(read_inventory(inventory) if inventory else []):
         try:
-            raw = read_inventory(inventory)
-            for index, host in enumerate(raw):
-                try:
-                    sections.append(SshHostSection.model_validate(host))
-                except ValidationError as exc:
-                    first = exc.errors()[0]
-                    where = ".".join(str(part) for part in (index, *first["loc"]))
-                    raise JobSpecError(f"{inventory}: hosts.{where}: {first['msg']}",
-                                       key="servers.inventory") from None
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise JobSpecError(f"cannot read the inventory {inventory}: {exc}", key="servers.inventory") from None
+            sections.append(SshHostSection.model_validate(host))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in (index, *first["loc"]))
+            raise JobSpecError(f"{inventory}: hosts.{where}: {first['msg']}", key="servers.inventory") from None
     return [SshHost(**section.model_dump()) for section in sections]
 
 
