@@ -66,7 +66,7 @@ def test_a_warning_in_a_json_log_is_json(half_the_servers_down: tuple[Path, str]
     assert done.returncode == 0, done.stderr
     events = [orjson.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
     [warning] = [event for event in events if event["level"] == "warning"]
-    assert warning["event"] == "log" and warning["logger"] == "teibatch.fleet.static"
+    assert warning["event"] == "log" and warning["logger"] == "teibatch.fleet.providers.static"
     assert warning["message"] == f"{dead}: no answer on /health within 1s; going on without it"
     assert warning["run_id"] == events[-1]["run_id"]
 

@@ -223,7 +223,8 @@ VAST_KEY = "vast-test-key-" + "5" * 26
 @pytest.fixture
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Poll the fake clouds every 0.1 s instead of every 2 s (and look for lost instances every 0.2 s, not 10 s)."""
-    from teibatch.fleet import lambdacloud, rental, vast
+    from teibatch.fleet import rental
+    from teibatch.fleet.providers import lambdacloud, vast
 
     monkeypatch.setattr(rental, "POLL_S", 0.1)
     monkeypatch.setattr(rental, "WATCH_S", 0.2)

@@ -104,8 +104,9 @@ def test_parse_nvidia_smi() -> None:
     text = "NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB\nNVIDIA GeForce RTX 4090, 8.9, 24564 MiB\n"
     assert parse_nvidia_smi(text) == [GpuInfo("NVIDIA A100-SXM4-80GB", "8.0", 81920),
                                       GpuInfo("NVIDIA GeForce RTX 4090", "8.9", 24564)]
-    with pytest.raises(ValueError):
-        parse_nvidia_smi("garbage")
+    for garbage in ("garbage", "NVIDIA A10, eight, 24 GiB", "NVIDIA A10, 8.6, MiB"):
+        with pytest.raises(GpuUnsupported, match="unexpected nvidia-smi line"):  # a FleetError: the host is left out
+            parse_nvidia_smi(garbage)
 
 
 def test_gpu_docker_run_line() -> None:

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from teibatch.errors import JobSpecError
-from teibatch.fleet import LocalDockerProvider, LocalProvider, SshProvider
+from teibatch.fleet import LocalDockerProvider, LocalProvider, SshProvider, read_inventory
 from teibatch.job import load_job
-from teibatch.pipeline.providers import provider_for
+from teibatch.pipeline.run_fleet import job_provider
 
 
 def job(tmp_path: Path, servers: dict, **sections: object) -> Path:
@@ -28,12 +28,12 @@ def test_hosts_inline_and_from_inventory(tmp_path: Path) -> None:
                "hosts": [{"address": "10.0.0.1", "port": 2222, "key_file": "~/.ssh/gpu", "jump_host": "bastion"}]}
     spec = load_job(job(tmp_path, servers, export={"to": "s3://bucket/volumes", "timeout": "30m"}))
     assert spec.export.to == "s3://bucket/volumes" and spec.export.timeout == 1800
-    provider = provider_for(spec)
+    provider = job_provider(spec)
     assert isinstance(provider, SshProvider)
     assert [p.shell.label for p in provider.hosts] == ["10.0.0.1:2222", "ubuntu@10.0.0.2:22"]
     assert provider.hosts[1].gpu_index == 1 and provider.hosts[1].destroy_command
-    assert provider.image == "my/tei:1" and provider.volume == "/data/tei"
-    assert provider.startup_timeout == 900  # containers pull images and models: 15 minutes unless set
+    assert provider.hosted.image == "my/tei:1" and provider.hosted.volume == "/data/tei"
+    assert provider.hosted.startup_timeout == 900  # containers pull images and models: 15 minutes unless set
 
 
 @pytest.mark.parametrize("servers, sections, key, message", [
@@ -57,23 +57,27 @@ def test_job_file_errors_name_the_key(tmp_path: Path, servers: dict, sections: d
 def test_destroying_without_export_or_waiver_is_refused(tmp_path: Path) -> None:
     servers = {"provider": "ssh", "hosts": [{"address": "x", "destroy_command": "cloud rm x"}]}
     with pytest.raises(JobSpecError, match=r"export\.to, or export\.waive") as caught:
-        provider_for(load_job(job(tmp_path, servers)))
+        job_provider(load_job(job(tmp_path, servers)))
     assert caught.value.key == "export"
-    assert provider_for(load_job(job(tmp_path, servers, export={"waive": True})))
+    assert job_provider(load_job(job(tmp_path, servers, export={"waive": True})))
 
 
 def test_bad_inventory_names_the_host_key(tmp_path: Path) -> None:
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(yaml.safe_dump([{"address": "a"}, {"address": "b", "prot": 22}]))
     with pytest.raises(JobSpecError, match=r"hosts\.1\.prot") as caught:
-        provider_for(load_job(job(tmp_path, {"provider": "ssh", "inventory": str(inventory)})))
+        job_provider(load_job(job(tmp_path, {"provider": "ssh", "inventory": str(inventory)})))
     assert caught.value.key == "servers.inventory"
     with pytest.raises(JobSpecError, match="cannot read the inventory"):
-        provider_for(load_job(job(tmp_path, {"provider": "ssh", "inventory": str(tmp_path / "missing.yaml")})))
+        job_provider(load_job(job(tmp_path, {"provider": "ssh", "inventory": str(tmp_path / "missing.yaml")})))
+    inventory.write_text("just a string")
+    with pytest.raises(JobSpecError, match="expected a list of hosts") as caught:
+        read_inventory(inventory)  # the fleet's own reader raises the job error too, not a ValueError
+    assert caught.value.key == "servers.inventory"
 
 
 def test_local_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker at all
-    assert isinstance(provider_for(load_job(job(tmp_path, {"provider": "local"}))), LocalProvider)
-    forced = provider_for(load_job(job(tmp_path, {"provider": "local", "engine": "docker", "count": 1})))
-    assert isinstance(forced, LocalDockerProvider) and forced.gpu is False
+    assert isinstance(job_provider(load_job(job(tmp_path, {"provider": "local"}))), LocalProvider)
+    forced = job_provider(load_job(job(tmp_path, {"provider": "local", "engine": "docker", "count": 1})))
+    assert isinstance(forced, LocalDockerProvider) and forced.hosted.gpu is False

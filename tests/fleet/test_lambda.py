@@ -21,11 +21,12 @@ from teibatch.cli_fleet import fleet
 from teibatch.errors import CapacityUnavailable, JobSpecError
 from teibatch.fleet import ExportPlan, LaunchSpec, Ledger, session
 from teibatch.fleet.base import InstanceState
-from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin
 from teibatch.fleet.offers import GpuWant
+from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
+from teibatch.fleet.shell import SshLogin
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.providers import provider_for
+from teibatch.pipeline.run_fleet import job_provider
 from tests.fleet.conftest import LAMBDA_KEY, SshHostFixture, kill_when_ready, signal_after_first_commit
 from tests.fleet.fake_lambda import FakeLambda
 from tests.fleet.test_run_ssh import REPO, corpus, files_under
@@ -107,7 +108,7 @@ def test_full_job_rents_embeds_exports_and_gives_back(fake_lambda: FakeLambda, h
         data = path.read_bytes()
         assert not any(needle in data for needle in needles), f"a secret is in {path}"
     captured = capsys.readouterr()
-    for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
+    for text in (caplog.text, captured.out, captured.err, repr(job_provider(load_job(tmp_path / "job.yaml")))):
         assert LAMBDA_KEY not in text and tei_key not in text
 
 
@@ -232,7 +233,8 @@ def test_sigkill_then_fleet_sweep_finds_and_destroys_everything(fake_lambda: Fak
     script = (
         "import sys, json, time\n"
         "from teibatch.fleet import session, LaunchSpec, ExportPlan\n"
-        "from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider, SshLogin\n"
+        "from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider\n"
+        "from teibatch.fleet.shell import SshLogin\n"
         "from teibatch.fleet.offers import GpuWant\n"
         "login, volume, to = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
         "fleet = LambdaProvider(LambdaApi(), count=1, want=GpuWant(names=('A10',)), ssh_key_name='ci-key',"

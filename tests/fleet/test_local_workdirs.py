@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from teibatch.fleet.local import WORKDIR_PREFIX, remove_orphan_workdirs
+from teibatch.fleet.providers.local import WORKDIR_PREFIX, remove_orphan_workdirs
 
 
 def dead_pid() -> int:

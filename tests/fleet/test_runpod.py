@@ -18,10 +18,10 @@ import yaml
 from teibatch.errors import CapacityUnavailable, JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
 from teibatch.fleet.offers import GpuWant
-from teibatch.fleet.runpod import RunPodApi, RunPodProvider
+from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.providers import provider_for
+from teibatch.pipeline.run_fleet import job_provider
 from tests.fleet.conftest import (
     RUNPOD_KEY,
     kill_when_ready,
@@ -79,7 +79,7 @@ def test_full_job_rents_pods_embeds_and_terminates(fake_runpod: FakeRunPod, tmp_
         data = path.read_bytes()
         assert RUNPOD_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
     captured = capsys.readouterr()
-    for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
+    for text in (caplog.text, captured.out, captured.err, repr(job_provider(load_job(tmp_path / "job.yaml")))):
         assert RUNPOD_KEY not in text and tei_key not in text
 
 
@@ -124,10 +124,10 @@ def test_job_without_a_network_volume_must_waive_the_export(fake_runpod: FakeRun
     del spec["servers"]["network_volume_id"]
     job.write_text(yaml.safe_dump(spec))
     with pytest.raises(JobSpecError, match=r"network_volume_id.*export\.waive"):
-        provider_for(load_job(job))
+        job_provider(load_job(job))
     spec["export"] = {"waive": True}
     job.write_text(yaml.safe_dump(spec))
-    assert isinstance(provider_for(load_job(job)), RunPodProvider)
+    assert isinstance(job_provider(load_job(job)), RunPodProvider)
 
 
 @pytest.mark.timeout(150)
@@ -154,7 +154,7 @@ def test_sigkill_then_fleet_sweep_terminates_the_pods(fake_runpod: FakeRunPod, t
     script = (
         "import time\n"
         "from teibatch.fleet import running, LaunchSpec\n"
-        "from teibatch.fleet.runpod import RunPodApi, RunPodProvider\n"
+        "from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider\n"
         "from teibatch.fleet.offers import GpuWant\n"
         "fleet = RunPodProvider(RunPodApi(), count=1, want=GpuWant(names=('RTX 4090',)),"
         " model_id='BAAI/bge-small-en-v1.5', startup_timeout=30)\n"
@@ -224,7 +224,7 @@ def test_spot_is_a_valid_capacity_for_runpod_not_for_lambda(fake_runpod: FakeRun
     for capacity in ("spot", "any"):
         spec["servers"]["capacity"] = capacity
         job.write_text(yaml.safe_dump(spec))
-        fleet_ = provider_for(load_job(job))
+        fleet_ = job_provider(load_job(job))
         assert isinstance(fleet_, RunPodProvider) and fleet_.capacity == capacity
     spec["servers"] = {"provider": "lambda", "ssh_key_name": "k", "gpu": ["A10"], "capacity": "spot"}
     job.write_text(yaml.safe_dump(spec))

@@ -24,15 +24,14 @@ from teibatch.errors import CapacityUnavailable, CloudApiError, ExportFailed, Fl
 from teibatch.fleet import ExportPlan, LaunchSpec, Ledger, running, session
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.export import export_volume
-from teibatch.fleet.lambdacloud import SshLogin
 from teibatch.fleet.offers import GpuWant, Offer
-from teibatch.fleet.shell import LocalShell
-from teibatch.fleet.vast import SEED_WAIT, VastApi, VastProvider, bid_for
+from teibatch.fleet.providers.vast import SEED_WAIT, VastApi, VastProvider, bid_for
+from teibatch.fleet.shell import LocalShell, SshLogin
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.plan import estimate_run
 from teibatch.pipeline.pricing import card_estimate
-from teibatch.pipeline.providers import provider_for
+from teibatch.pipeline.run_fleet import job_provider
 from tests.fleet.conftest import VAST_KEY, SshHostFixture, kill_when_ready, sweep_destroys_what_the_killed_run_left
 from tests.fleet.fake_vast import SSH_RUNTYPE, FakeVast
 from tests.fleet.standin_docker import hub_files
@@ -116,7 +115,7 @@ def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_p
         data = path.read_bytes()
         assert VAST_KEY.encode() not in data and tei_key.encode() not in data, f"a secret is in {path}"
     captured = capsys.readouterr()
-    for text in (caplog.text, captured.out, captured.err, repr(provider_for(load_job(tmp_path / "job.yaml")))):
+    for text in (caplog.text, captured.out, captured.err, repr(job_provider(load_job(tmp_path / "job.yaml")))):
         assert VAST_KEY not in text and tei_key not in text
 
 
@@ -257,8 +256,8 @@ def test_sigkill_of_an_exporting_run_then_fleet_sweep_exports_and_destroys(
     script = (
         "import sys, time\n"
         "from teibatch.fleet import session, LaunchSpec, ExportPlan\n"
-        "from teibatch.fleet.lambdacloud import SshLogin\n"
-        "from teibatch.fleet.vast import VastApi, VastProvider\n"
+        "from teibatch.fleet.shell import SshLogin\n"
+        "from teibatch.fleet.providers.vast import VastApi, VastProvider\n"
         "from teibatch.fleet.offers import GpuWant\n"
         "user, key_file, model_dir, to = sys.argv[1:5]\n"
         "want = GpuWant(names=('RTX 4090',))\n"
@@ -412,26 +411,26 @@ def test_credentials_from_the_env_var_then_the_key_files(fake_vast: FakeVast, tm
 def test_job_rules(fake_vast: FakeVast, tmp_path: Path, client_key: Path) -> None:
     to = {"to": str(tmp_path / "volumes")}
     with pytest.raises(JobSpecError, match=r"set export\.to \(and servers\.key_file\).*or export\.waive: true"):
-        provider_for(load_job(write_job(tmp_path, export={})))
+        job_provider(load_job(write_job(tmp_path, export={})))
     with pytest.raises(JobSpecError, match=r"set servers\.key_file") as caught:
-        provider_for(load_job(write_job(tmp_path, export=to)))
+        job_provider(load_job(write_job(tmp_path, export=to)))
     assert caught.value.key == "servers.key_file"
     with pytest.raises(JobSpecError, match=r"servers\.key_file: cannot read .*nokey\.pub") as caught:
-        provider_for(load_job(write_job(tmp_path, {"key_file": str(tmp_path / "nokey")}, export=to)))
+        job_provider(load_job(write_job(tmp_path, {"key_file": str(tmp_path / "nokey")}, export=to)))
     assert caught.value.key == "servers.key_file"
     with pytest.raises(JobSpecError, match=r"servers\.volume: 'data'.*absolute path"):
-        provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key), "volume": "data"}, export=to)))
+        job_provider(load_job(write_job(tmp_path, {"key_file": str(client_key), "volume": "data"}, export=to)))
     with pytest.raises(JobSpecError, match=r"servers\.ssh_port is not used by provider vast"):
         load_job(write_job(tmp_path, {"ssh_port": 2222}))
-    exporting_ = provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=to)))
+    exporting_ = job_provider(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=to)))
     assert isinstance(exporting_, VastProvider) and exporting_.login is not None
     assert (exporting_.login.user, exporting_.model_dir) == ("root", "/data")
     importing = {"waive": True, "import_from": str(tmp_path / "earlier")}
     with pytest.raises(JobSpecError, match=r"export\.import_from on provider vast .* set servers\.key_file.*"
                                            r"or remove export\.import_from") as caught:
-        provider_for(load_job(write_job(tmp_path, export=importing)))
+        job_provider(load_job(write_job(tmp_path, export=importing)))
     assert caught.value.key == "servers.key_file"
-    seeding = provider_for(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=importing)))
+    seeding = job_provider(load_job(write_job(tmp_path, {"key_file": str(client_key)}, export=importing)))
     assert isinstance(seeding, VastProvider) and seeding.login is not None
     with pytest.raises(FleetError, match="needs a login"):
         provider(Ledger(tmp_path / "ledger")).up(LaunchSpec(run_id="no-login", import_from=str(tmp_path)))
@@ -439,7 +438,7 @@ def test_job_rules(fake_vast: FakeVast, tmp_path: Path, client_key: Path) -> Non
         load_job(write_job(tmp_path, {"provider": "local", "capacity": "spot", "gpu": []}))
     with pytest.raises(JobSpecError, match=r"servers\.regions is not supported by provider vast"):
         load_job(write_job(tmp_path, {"regions": ["US"]}))
-    assert isinstance(provider_for(load_job(write_job(tmp_path, {"capacity": "spot"}))), VastProvider)
+    assert isinstance(job_provider(load_job(write_job(tmp_path, {"capacity": "spot"}))), VastProvider)
 
 
 @pytest.mark.timeout(120)
@@ -448,7 +447,7 @@ def test_sigkill_then_fleet_sweep_destroys_the_instances(fake_vast: FakeVast, tm
     script = (
         "import time\n"
         "from teibatch.fleet import running, LaunchSpec\n"
-        "from teibatch.fleet.vast import VastApi, VastProvider\n"
+        "from teibatch.fleet.providers.vast import VastApi, VastProvider\n"
         "from teibatch.fleet.offers import GpuWant\n"
         "want = GpuWant(names=('RTX 4090',))\n"
         "fleet = VastProvider(VastApi(want=want), count=1, want=want, model_id='BAAI/bge-small-en-v1.5',"

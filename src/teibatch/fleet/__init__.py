@@ -14,17 +14,17 @@ from teibatch.fleet.base import (
     supports,
     wait_healthy,
 )
-from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.ledger import Ledger, LedgerEntry
 from teibatch.fleet.lifecycle import ExportPlan, finish, session
-from teibatch.fleet.local import LocalProvider
-from teibatch.fleet.localdocker import LocalDockerProvider, docker_engine_available
 from teibatch.fleet.offers import GpuWant, Offer
-from teibatch.fleet.runpod import RunPodApi, RunPodProvider
-from teibatch.fleet.ssh import SshHost, SshProvider, read_inventory
-from teibatch.fleet.static import StaticProvider
+from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
+from teibatch.fleet.providers.local import LocalProvider
+from teibatch.fleet.providers.localdocker import LocalDockerProvider, docker_engine_available
+from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
+from teibatch.fleet.providers.ssh import SshHost, SshProvider, read_inventory
+from teibatch.fleet.providers.static import StaticProvider
+from teibatch.fleet.providers.vast import VastApi, VastProvider
 from teibatch.fleet.sweep import SweepResult, sweep
-from teibatch.fleet.vast import VastApi, VastProvider
 
 __all__ = [
     "Capability",

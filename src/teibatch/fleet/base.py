@@ -15,11 +15,13 @@ callers ask :func:`supports` first; nothing raises ``NotImplementedError`` at ru
 
 from __future__ import annotations
 
+import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 
 import httpx
@@ -66,6 +68,11 @@ class LaunchSpec:
     max_runtime: float | None = None
     import_from: str | None = None
     export_to: str | None = None
+
+
+def new_run_id() -> str:
+    """A run id for a provider used without one (``up()`` alone)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from teibatch.errors import FleetError
+
 _REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
@@ -88,7 +90,7 @@ def _load(name: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         data = yaml.safe_load(handle)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping")
+        raise FleetError(f"{path}: expected a mapping; this file ships with teibatch: reinstall it")
     return data
 
 

@@ -1,7 +1,7 @@
 """The HTTP boundary of the GPU clouds: one small JSON client, the clouds' credentials, error mapping.
 
-Every cloud module (:mod:`~teibatch.fleet.lambdacloud`, :mod:`~teibatch.fleet.runpod`,
-:mod:`~teibatch.fleet.vast`) talks to its API through :class:`ApiClient`; this is the one place where
+Every cloud module (:mod:`~teibatch.fleet.providers.lambdacloud`, :mod:`~teibatch.fleet.providers.runpod`,
+:mod:`~teibatch.fleet.providers.vast`) talks to its API through :class:`ApiClient`; this is the one place where
 httpx errors and a cloud's error answers become teibatch errors:
 
 * no answer within the timeout → :class:`~teibatch.errors.FleetTimeout` (``what`` names the call; a

@@ -16,11 +16,11 @@ from typing import Any
 from teibatch.errors import FleetError, JobSpecError
 from teibatch.fleet.base import Provider
 from teibatch.fleet.hosted import ContainerProvider
-from teibatch.fleet.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.ledger import Ledger
+from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
+from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
+from teibatch.fleet.providers.vast import VastApi, VastProvider
 from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance
-from teibatch.fleet.runpod import RunPodApi, RunPodProvider
-from teibatch.fleet.vast import VastApi, VastProvider
 
 log = logging.getLogger(__name__)
 

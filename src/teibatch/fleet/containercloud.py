@@ -27,12 +27,11 @@ import secrets
 import threading
 from abc import abstractmethod
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+import teibatch.fleet.rental as rental_module
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet import rental as rental_module
 from teibatch.fleet.base import (
     Capability,
     Instance,
@@ -41,6 +40,7 @@ from teibatch.fleet.base import (
     LostServer,
     Provider,
     ReplacesLost,
+    new_run_id,
     wait_healthy,
 )
 from teibatch.fleet.catalog import image_table
@@ -53,11 +53,6 @@ from teibatch.fleet.rental import CloudApi, CloudState, Rental, Rented
 log = logging.getLogger(__name__)
 
 P = TypeVar("P", bound="ContainerCloudProvider")
-
-
-def new_run_id() -> str:
-    """A run id for a provider used without one (``up()`` alone)."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
 
 
 class ContainerCloudProvider(Provider, ReplacesLost):

@@ -150,6 +150,12 @@ def seed_volume(shell: Shell, url: str, volume: str, *, timeout: float,
     try:
         fs, root, manifest = read_manifest(url, storage_options)
         files: dict[str, Any] = manifest.get("files", {})
+        # Every file looked up before the host's tar starts: a file missing half way would end the stream,
+        # and the broken pipe would hide which file it was.
+        missing = [rel for rel in files if not fs.exists(f"{root}/{DATA}/{rel}")]
+        if missing:
+            raise FleetError(f"{shell.label}: could not import {url} into {volume}: {len(missing)} file(s) of its "
+                             f"manifest are missing from {DATA}/: {', '.join(missing[:5])}")
         with shell.stream(f"mkdir -p {quoted} && tar -C {quoted} -xf -", what="tar (import)", timeout=timeout,
                           stdin=True) as pipe, tarfile.open(fileobj=pipe, mode="w|") as tar:
             for rel, info in files.items():

@@ -49,17 +49,21 @@ def _cc(text: str) -> tuple[int, int]:
 
 
 def parse_nvidia_smi(text: str) -> list[GpuInfo]:
-    """Parse the lines of :data:`NVIDIA_SMI_QUERY` (``NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB``)."""
+    """Parse the lines of :data:`NVIDIA_SMI_QUERY` (``NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB``).
+
+    Raises :class:`GpuUnsupported` for a line it cannot read (the host is then left out, like one without a GPU).
+    """
     gpus = []
     for line in text.splitlines():
         if not line.strip():
             continue
         parts = [p.strip() for p in line.rsplit(",", 2)]
-        if len(parts) != 3:
-            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
-        name, cc, memory = parts
-        _cc(cc)  # validates
-        gpus.append(GpuInfo(name=name, compute_capability=cc, memory_mib=int(memory.split()[0])))
+        try:
+            name, cc, memory = parts
+            _cc(cc)  # validates
+            gpus.append(GpuInfo(name=name, compute_capability=cc, memory_mib=int(memory.split()[0])))
+        except (ValueError, IndexError):
+            raise GpuUnsupported(f"unexpected nvidia-smi line: {line!r}") from None
     return gpus
 
 

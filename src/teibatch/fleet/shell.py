@@ -22,6 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from teibatch.errors import FleetError, FleetTimeout, HostKeyRejected, HostUnreachable, RemoteCommandFailed
@@ -200,6 +201,23 @@ class SshTarget:
         host, _, port = rest.partition(":")
         return cls(address=host, port=int(port or 22), user=user or like.user, key_file=like.key_file,
                    known_hosts=like.known_hosts, host_key_checking=like.host_key_checking)
+
+
+@dataclass(frozen=True)
+class SshLogin:
+    """How teibatch logs in to a rented VM (``lambda``, and ``vast`` for its exports); the defaults are Lambda's
+    images (``ubuntu``, port 22, the key registered as ``ssh_key_name``); ``key_file`` is a path OpenSSH reads,
+    never read by teibatch."""
+
+    user: str = "ubuntu"
+    port: int = 22
+    key_file: str | None = None
+
+    def target(self, address: str, known_hosts: Path) -> SshTarget:
+        # A freshly rented VM has a host key nobody knows yet: accept it into this run's own known_hosts.
+        return SshTarget(address=address, port=self.port, user=self.user,
+                         key_file=str(Path(self.key_file).expanduser()) if self.key_file else None,
+                         known_hosts=str(known_hosts), host_key_checking="accept-new")
 
 
 class SshShell(Shell):

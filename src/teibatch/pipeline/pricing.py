@@ -160,16 +160,16 @@ def price_cards(job: JobSpec, *, tokens: int, parameters: int | None, offers: li
                 bench: BenchFigures | None = None) -> CloudPricing:
     """The rows and choices of a GPU-cloud job. ``offers`` default: asked from the cloud's API (both
     capacities, whatever the job's), with the environment's key."""
-    from teibatch.pipeline.providers import cloud_api, gpu_want
+    from teibatch.fleet.from_job import cloud_api, gpu_want
 
     if offers is None:
-        api = cloud_api(job, capacity="any")
+        api = cloud_api(job.servers, capacity="any")
         try:
             offers = api.offers()
         finally:
             api.close()
     servers, bench = job.servers, bench or BenchFigures()
-    choice = choose_offers(cheapest_per_card(offers), gpu_want(job), job.model.id, image=servers.image)
+    choice = choose_offers(cheapest_per_card(offers), gpu_want(job.servers), job.model.id, image=servers.image)
     allowed = by_capacity(choice.usable, servers.capacity)
     billing, startup = billing_rules()[servers.provider], startup_budget(job)
     cards = [replace(card_estimate(o, tokens=tokens, count=servers.count, startup_s=startup, billing=billing,

@@ -42,10 +42,10 @@ from teibatch.pipeline.kept_types import output_kept_fields
 from teibatch.pipeline.moved_texts import MovedTexts, index_moved_texts
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
-from teibatch.pipeline.providers import fleet_record, fleet_session, provider_for
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
+from teibatch.pipeline.run_fleet import fleet_record, fleet_session, job_provider
 from teibatch.pipeline.same_output import check_vector_kind, open_manifest
 from teibatch.pipeline.senders.actor import launch_senders, sender_news, start_senders, stop_senders
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
@@ -92,7 +92,7 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     reporter.bind(summary.run_id)
     started = time.monotonic()
     store = OutputStore(job.output.path, job.output.storage_options)
-    provider = provider_for(job)  # checks the servers section (API key variable set) before any work
+    provider = job_provider(job)  # checks the servers section (API key variable set) before any work
     corpus = job.corpus_options()  # an output that is the corpus, or holds it, stops here
     probe = probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
     if (note := exclusion_note(corpus)) is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from teibatch.corpus import find_tokenizer_file
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.errors import TokenizerUnavailable
+from teibatch.fleet.from_job import BUILTIN_MODEL_PREFIX, local_engine
 from teibatch.job import JobSpec
 from teibatch.pipeline.chunks import (
     COUNTER_CHARS,
@@ -37,7 +38,6 @@ from teibatch.pipeline.chunks import (
     CounterSource,
     TokenizeRoute,
 )
-from teibatch.pipeline.providers import BUILTIN_MODEL_PREFIX, local_engine
 
 HASHING_MODEL_PREFIX = f"{BUILTIN_MODEL_PREFIX}hashing"
 BUILTIN_BACKEND_FLAG = "--backend"
@@ -77,7 +77,7 @@ def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str],
     """The built-in server's rule: hashing, or its real model's packaged tokenizer."""
     if model_id is not None and model_id.startswith(HASHING_MODEL_PREFIX):
         return HASHING
-    if job.servers.provider != "local" or local_engine(job) != "builtin":
+    if job.servers.provider != "local" or local_engine(job.servers, job.model.id) != "builtin":
         tried.append("not the built-in server")
         return None
     backend = server_flag(job.servers.server_args, BUILTIN_BACKEND_FLAG) or BUILTIN_DEFAULT_BACKEND

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from teibatch.errors import JobSpecError
 from teibatch.fleet.hosted import ContainerProvider, HostPlan
 from teibatch.fleet.shell import SshShell, SshTarget
 
@@ -50,9 +51,16 @@ class SshProvider(ContainerProvider):
 
 
 def read_inventory(path: str | Path) -> list[dict[str, Any]]:
-    """The hosts of an inventory file: a YAML list of hosts, or a mapping with a ``hosts`` list."""
-    data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    """The hosts of an inventory file: a YAML list of hosts, or a mapping with a ``hosts`` list.
+
+    Raises :class:`JobSpecError` (key ``servers.inventory``) when the file cannot be read or has another shape.
+    """
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise JobSpecError(f"cannot read the inventory {path}: {exc}", key="servers.inventory") from None
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list) or not all(isinstance(h, dict) for h in hosts):
-        raise ValueError("expected a list of hosts (address, port, user, key_file, ...) or a mapping with 'hosts:'")
+        raise JobSpecError(f"cannot read the inventory {path}: expected a list of hosts (address, port, user, "
+                           "key_file, ...) or a mapping with 'hosts:'", key="servers.inventory")
     return hosts

@@ -13,32 +13,40 @@ Lambda Cloud API v1 (``docs-api.lambda.ai/api/cloud``), the calls used:
 The key is ``$LAMBDA_API_KEY`` or ``api_key = …`` in ``~/.lambda_cloud/lambda_keys`` (the file
 SkyPilot and Lambda's guides use). ``$TEIBATCH_LAMBDA_API_URL`` replaces the API's address (tests, proxies).
 
-Once a VM is active it is a host of the ``ssh`` path (:class:`~teibatch.fleet.hosted.ContainerProvider`):
-probe → image for its card → ``docker run`` on its loopback with the per-run key and the host-side
-deadline → SSH tunnel → ``/health``; its volume is exported over SSH; destroying it terminates the VM.
+Once a VM is active it is a host of the ``ssh`` path (:class:`~teibatch.fleet.hosted.HostedServers`, which
+the provider holds): probe → image for its card → ``docker run`` on its loopback with the per-run key and
+the host-side deadline → SSH tunnel → ``/health``; its volume is exported over SSH; destroying it
+terminates the VM.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import secrets
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet.base import InstanceState, LaunchSpec
+from teibatch.fleet.base import (
+    Capability,
+    DestroysHosts,
+    ExportsVolumes,
+    Instance,
+    InstanceState,
+    LaunchSpec,
+    Provider,
+    new_run_id,
+)
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
-from teibatch.fleet.hosted import ContainerProvider, HostPlan, _Slot
+from teibatch.fleet.hosted import HostedServer, HostedServers, HostPlan
 from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
-from teibatch.fleet.shell import SshShell, SshTarget, wait_login
+from teibatch.fleet.shell import SshLogin, SshShell, wait_login
 
 log = logging.getLogger(__name__)
 
@@ -120,34 +128,26 @@ class LambdaApi(CloudApi):
                           json={"instance_ids": [instance_id]}, missing_ok=True)
 
 
-@dataclass(frozen=True)
-class SshLogin:
-    """How teibatch logs in to a rented VM (Lambda's images: ``ubuntu``, port 22, the key registered as
-    ``ssh_key_name``); ``key_file`` is a path OpenSSH reads, never read by teibatch."""
-
-    user: str = "ubuntu"
-    port: int = 22
-    key_file: str | None = None
-
-    def target(self, address: str, known_hosts: Path) -> SshTarget:
-        # A freshly rented VM has a host key nobody knows yet: accept it into this run's own known_hosts.
-        return SshTarget(address=address, port=self.port, user=self.user,
-                         key_file=str(Path(self.key_file).expanduser()) if self.key_file else None,
-                         known_hosts=str(known_hosts), host_key_checking="accept-new")
-
-
-class LambdaProvider(ContainerProvider):
+class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
     """``count`` single-GPU VMs from Lambda Cloud, each serving TEI like an ``ssh`` host.
 
     A VM that is not active, not reachable or not healthy within ``startup_timeout`` is terminated and
     replaced, at most ``max_replacements`` times in all (default: ``count``); then the run goes on with
-    fewer servers, or stops with :class:`CapacityUnavailable` naming why when none is healthy.
+    fewer servers, or stops with :class:`CapacityUnavailable` naming why when none is healthy. The VMs
+    are rented through a :class:`~teibatch.fleet.rental.Rental` and served by ``hosted`` (the ``ssh``
+    path's :class:`~teibatch.fleet.hosted.HostedServers`, whose options ``options`` are), which
+    terminates a VM to destroy its host.
     """
+
+    name = "lambda"
+    capabilities = frozenset({Capability.LAUNCH, Capability.EXPORT, Capability.DESTROY, Capability.SWEEP})
 
     def __init__(self, api: LambdaApi, *, count: int, want: GpuWant, ssh_key_name: str, login: SshLogin,
                  max_replacements: int | None = None, ledger: Ledger | None = None,
                  **options: Any) -> None:
-        super().__init__([], name="lambda", gpu=True, ledger=ledger, **options)
+        self.hosted = HostedServers(name=self.name, gpu=True, ledger=ledger, destroy_host=self._terminate_host,
+                                    **options)
+        self.ledger = self.hosted.ledger
         self.api = api
         self.count = count
         self.want = want
@@ -157,28 +157,27 @@ class LambdaProvider(ContainerProvider):
         self._rental: Rental | None = None
 
     def __repr__(self) -> str:
-        return f"LambdaProvider(count={self.count}, run_id={self.run_id!r})"
+        return f"LambdaProvider(count={self.count}, run_id={self.hosted.run_id!r})"
 
     # -- up ------------------------------------------------------------------------------------------------
 
     def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
-        spec = spec or LaunchSpec(run_id=datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
+        hosted = self.hosted
+        spec = spec or LaunchSpec(run_id=new_run_id())
         if self._rental is not None:
-            if self.run_id == spec.run_id:
-                return self._endpoints()
-            raise FleetError(f"this lambda provider already serves run {self.run_id}")
-        self.run_id = spec.run_id
-        self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=spec.export_to,
-                          config={"kind": "lambda", "gpu": True, "remove_volume": self.remove_volume,
-                                  "model_id": self.model_id, "image": self.image, "ssh": asdict(self.login)})
+            if hosted.run_id == spec.run_id:
+                return hosted.endpoints()
+            raise FleetError(f"this lambda provider already serves run {hosted.run_id}")
+        hosted.begin(spec, {"kind": "lambda", "gpu": True, "remove_volume": hosted.remove_volume,
+                            "model_id": hosted.model_id, "image": hosted.image, "ssh": asdict(self.login)})
         self._rental = rental = Rental(self.api, self.ledger, spec.run_id)
-        choice = choose_offers(self.api.offers(), self.want, self.model_id, image=self.image)
+        choice = choose_offers(self.api.offers(), self.want, hosted.model_id, image=hosted.image)
         if not choice.usable:
             raise CapacityUnavailable(f"lambda: no instance type this job can rent now: {choice.why_none()}")
         reasons = rental.fill(self.count, choice.usable, self._create,
-                              lambda item: self._serve(item, spec, item.started + self.startup_timeout),
-                              startup_timeout=self.startup_timeout, max_replacements=self.max_replacements)
-        endpoints = self._endpoints()
+                              lambda item: self._serve(item, spec, item.started + hosted.startup_timeout),
+                              startup_timeout=hosted.startup_timeout, max_replacements=self.max_replacements)
+        endpoints = hosted.endpoints()
         if not endpoints:
             raise CapacityUnavailable(f"lambda: no server became healthy: {'; '.join(reasons)}")
         if len(endpoints) < self.count:
@@ -190,37 +189,34 @@ class LambdaProvider(ContainerProvider):
 
     def _serve(self, item: Rented, spec: LaunchSpec, deadline: float) -> bool:
         """Make an active VM serve TEI through the ``ssh`` path; give it back when it cannot."""
+        hosted = self.hosted
         seen = item.seen
         if seen is None or seen.state is not CloudState.READY or not seen.address:
             status = seen.status if seen else "unknown"
-            item.error = f"not active within servers.startup_timeout ({self.startup_timeout:.0f}s; status {status})"
+            item.error = (f"not active within servers.startup_timeout ({hosted.startup_timeout:.0f}s; "
+                          f"status {status})")
             self._give_back(item)
             return False
-        known_hosts = state_dir() / "known_hosts" / f"{self.run_id}"
+        known_hosts = state_dir() / "known_hosts" / f"{hosted.run_id}"
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
         shell = SshShell(self.login.target(seen.address, known_hosts))
-        shell.secrets.append(self.api_key)
-        slot = _Slot(item.name, HostPlan(shell))
-        self._slots.append(slot)
-        self._note(slot, None, required=True, host=shell.label, shell=shell.record())
-        self._attempt(slot, lambda: self._wait_ssh(slot, deadline))
-        if slot.state is not InstanceState.FAILED:
-            self._attempt(slot, lambda: self._launch(slot, spec, deadline))
-        if slot.state is InstanceState.RUNNING:
-            self._attempt(slot, lambda: self._reach(slot, deadline))
-        if slot.state is InstanceState.HEALTHY:
+        server = hosted.add(item.name, HostPlan(shell))
+        hosted.note(server, None, required=True, host=shell.label, shell=shell.record())
+        # sshd starts a little after the API says active: wait until the VM takes a login
+        hosted.attempt(server, lambda: wait_login(shell, deadline, retry_s=SSH_RETRY_S))
+        if server.state is not InstanceState.FAILED:
+            hosted.attempt(server, lambda: hosted.launch(server, spec, deadline))
+        if server.state is InstanceState.RUNNING:
+            hosted.attempt(server, lambda: hosted.reach(server, deadline))
+        if server.state is InstanceState.HEALTHY:
             return True
-        item.error = slot.details.get("error", slot.state.value)
-        if slot.tunnel is not None:
-            slot.tunnel.close()
-            slot.tunnel = None
+        item.error = server.details.get("error", server.state.value)
+        if server.tunnel is not None:
+            server.tunnel.close()
+            server.tunnel = None
         self._give_back(item)
-        slot.state = InstanceState.DESTROYED
+        server.state = InstanceState.DESTROYED
         return False
-
-    def _wait_ssh(self, slot: _Slot, deadline: float) -> None:
-        """Wait until the VM takes an SSH login (sshd starts a little after the API says active)."""
-        wait_login(slot.plan.shell, deadline, retry_s=SSH_RETRY_S)
 
     def _give_back(self, item: Rented) -> None:
         """Terminate a VM that will not serve (its volume holds nothing the run needs)."""
@@ -233,13 +229,13 @@ class LambdaProvider(ContainerProvider):
             return
         self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
 
-    # -- down, destroy -------------------------------------------------------------------------------------
+    # -- down, export, destroy -----------------------------------------------------------------------------
 
     def down(self) -> None:
         if self._rental is not None:
-            for slot in self._slots:  # a VM already gone has no container left to remove
-                item = self._rental.rented.get(slot.name)
-                if item is None or item.id is None or slot.state is InstanceState.DESTROYED:
+            for server in self.hosted.servers:  # a VM already gone has no container left to remove
+                item = self._rental.rented.get(server.name)
+                if item is None or item.id is None or server.state is InstanceState.DESTROYED:
                     continue
                 try:
                     seen = self.api.get(item.id)
@@ -247,21 +243,23 @@ class LambdaProvider(ContainerProvider):
                     continue
                 if seen is None or seen.state is CloudState.GONE:
                     item.terminated = True
-                    self._note(slot, InstanceState.DESTROYED)
-        super().down()
+                    self.hosted.note(server, InstanceState.DESTROYED)
+        self.hosted.down()
 
-    def _destroys_host(self, slot: _Slot) -> bool:
-        return True
+    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
+                       timeout: float | None = None) -> list[str]:
+        return self.hosted.export_volumes(to, storage_options=storage_options, timeout=timeout)
 
-    def _destroy_host(self, slot: _Slot) -> None:
+    def _terminate_host(self, server: HostedServer) -> None:
+        """Destroy ``server``'s host: terminate its VM (how ``hosted`` destroys a host here)."""
         assert self._rental is not None
-        item = self._rental.rented.setdefault(slot.name, Rented(slot.name))
+        item = self._rental.rented.setdefault(server.name, Rented(server.name))
         self._rental.terminate(item)
 
     def destroy(self, *, waive_export: bool = False) -> list[str]:
         problems = []
         if self._rental is not None:
-            served = {slot.name for slot in self._slots if slot.state is not InstanceState.DESTROYED}
+            served = {server.name for server in self.hosted.servers if server.state is not InstanceState.DESTROYED}
             try:
                 for found in self._rental.leftovers():  # also VMs whose create call never answered
                     if found.name not in served:
@@ -280,14 +278,17 @@ class LambdaProvider(ContainerProvider):
                     continue
                 self._rental.note(item.name, InstanceState.DESTROYED)
         try:
-            kept = super().destroy(waive_export=waive_export)
+            kept = self.hosted.destroy(waive_export=waive_export)
         except FleetError as exc:
             problems.append(str(exc))
             kept = []
         if problems:
-            raise TeardownIncomplete(f"run {self.run_id}: lambda instances may still run: {'; '.join(problems)}; "
-                                     "`teibatch fleet sweep` retries")
+            raise TeardownIncomplete(f"run {self.hosted.run_id}: lambda instances may still run: "
+                                     f"{'; '.join(problems)}; `teibatch fleet sweep` retries")
         return kept
+
+    def instances(self) -> list[Instance]:
+        return self.hosted.instances()
 
     @classmethod
     def restore(cls, record: Mapping[str, Any], ledger: Ledger, api: LambdaApi) -> LambdaProvider:
@@ -295,8 +296,8 @@ class LambdaProvider(ContainerProvider):
         config = record.get("config", {})
         provider = cls(api, count=0, want=GpuWant(), ssh_key_name="", login=SshLogin(**config.get("ssh", {})),
                        remove_volume=bool(config.get("remove_volume", False)), ledger=ledger)
-        provider._restore(record)
-        provider._rental = rental = Rental(api, ledger, provider.run_id or "")
+        provider.hosted.restore(record)
+        provider._rental = rental = Rental(api, ledger, provider.hosted.run_id or "")
         for name, entry in record.get("instances", {}).items():
             rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
                                          terminated=entry.get("state") == InstanceState.DESTROYED.value)

@@ -67,11 +67,10 @@ from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.export import export_volume, seed_volume
 from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
 from teibatch.fleet.images import CONTAINER_PORT, ImageChoice
-from teibatch.fleet.lambdacloud import SshLogin
 from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import Capacity, GpuWant, Offer
 from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState, Rented
-from teibatch.fleet.shell import Shell, SshShell, redact, shell_from_record, wait_login
+from teibatch.fleet.shell import Shell, SshLogin, SshShell, redact, shell_from_record, wait_login
 
 log = logging.getLogger(__name__)
 
