@@ -74,3 +74,15 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         # moto keeps its buckets in the process, across servers: empty them for the next test.
         httpx.post(f"{endpoint}/moto-api/reset", timeout=10)
         server.stop()
+
+
+# Fixtures that start Ray, a server or driver process, an sshd or a fake cloud: a test using one is `slow`.
+# `pytest -m "not slow"` is the developers' quick loop; CI and the README's `pytest` run every test.
+SLOW_FIXTURES = frozenset({"ray_session", "two_node_cluster", "tei_servers", "host", "fake_lambda", "fake_runpod",
+                           "fake_vast", "s3_endpoint"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

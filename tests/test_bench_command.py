@@ -69,6 +69,7 @@ def test_small_grid_is_spread_from_least_to_most() -> None:
     assert len(plan_grid(32, 512, 100)) == 7 + 6 + 5  # batches 8, 16, 32; 1, 2, 4 ... requests each
 
 
+@pytest.mark.slow  # measures every setting of the grid for a second
 def test_two_simulated_gpus_json_chart_recommendation_and_plan(tmp_path: Path) -> None:
     chart, saved = tmp_path / "bench.html", tmp_path / "bench.json"
     with running_server(**SMALL_GPU) as a, running_server(**SMALL_GPU) as b:

@@ -116,6 +116,7 @@ def test_quickstart_job(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)) > 3000
 
 
+@pytest.mark.slow  # the command starts a private Ray and local server processes
 def test_long_documents_job(tmp_path: Path) -> None:
     out = tmp_path / "long-documents"
     result = CliRunner().invoke(main, ["run", str(REPO / "jobs" / "long-documents.yaml"),

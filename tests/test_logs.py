@@ -48,6 +48,7 @@ def half_the_servers_down(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         yield job, dead
 
 
+@pytest.mark.slow  # a `teibatch run` driver, with its Ray, in a process of its own
 def test_a_warning_in_a_run_is_one_of_its_lines(half_the_servers_down: tuple[Path, str]) -> None:
     job, dead = half_the_servers_down
     done = teibatch("run", str(job))
@@ -60,6 +61,7 @@ def test_a_warning_in_a_run_is_one_of_its_lines(half_the_servers_down: tuple[Pat
     assert all(re.match(STAMP + " ", line) for line in lines), "every line is the run's own"
 
 
+@pytest.mark.slow  # a `teibatch run` driver, with its Ray, in a process of its own
 def test_a_warning_in_a_json_log_is_json(half_the_servers_down: tuple[Path, str]) -> None:
     job, dead = half_the_servers_down
     done = teibatch("run", str(job), "--log-format", "json")

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from teibatch.entry import exit_interrupted
+from teibatch.cli_exit import exit_interrupted
 from teibatch.errors import TeibatchError
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -6,9 +6,10 @@ imports load, Python would print a traceback and die of the signal instead.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+
+from teibatch.cli_exit import exit_interrupted, exit_settled
 
 
 def main() -> None:
@@ -28,27 +29,3 @@ def main() -> None:
             exit_settled(done.code or 0)
         raise
 
-
-def exit_settled(code: int) -> None:
-    """Exit with ``code`` now that the command has finished, skipping the interpreter's teardown.
-
-    A command that used Ray has shut Ray down, stopped its servers and written its report by the
-    time it returns; what is left is Python unloading Ray's modules and threads, about half a
-    second that a 100-document run would otherwise spend after its work is done.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def exit_interrupted() -> None:
-    """Say so and exit 1 at once.
-
-    ``os._exit``: a library imported half-way (Ray's core among them) may have left its own SIGINT
-    handling behind, and the interpreter's shutdown would then end the process by the signal
-    (exit -2) instead of the code. A run's report and servers are already settled when this runs.
-    """
-    print("error: interrupted", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)

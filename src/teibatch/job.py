@@ -133,6 +133,22 @@ class ServersSection(_Section):
     cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"   # runpod
     container_disk_gb: int = Field(40, ge=1)        # runpod, vast
 
+    def host_sections(self) -> list[SshHostSection]:
+        """The hosts of ``hosts`` and of the ``inventory`` file, each checked by the rules of ``hosts``
+        (an inventory host that breaks one: :class:`JobSpecError` naming the file, the host and the key)."""
+        from teibatch.fleet.providers.ssh import read_inventory
+
+        sections = list(self.hosts)
+        for index, host in enumerate(read_inventory(self.inventory) if self.inventory else []):
+            try:
+                sections.append(SshHostSection.model_validate(host))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in (index, *first["loc"]))
+                raise JobSpecError(f"{self.inventory}: hosts.{where}: {first['msg']}",
+                                   key="servers.inventory") from None
+        return sections
+
     @field_validator("gpu", mode="before")
     @classmethod
     def _one_gpu(cls, value: Any) -> Any:

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the benchmark script in a process of its own
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_chunked.py"
 
 

@@ -16,6 +16,8 @@ import yaml
 
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.slow  # every test runs a `teibatch run` driver in a process of its own
+
 SLOW_SERVER = ["--simulate-gpu", "3000", "--max-client-batch-size", "8"]
 
 

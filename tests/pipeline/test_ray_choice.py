@@ -20,6 +20,8 @@ import yaml
 from teibatch.pipeline.shard import SHARD_TASK_NICENESS
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.slow  # every test starts drivers, Ray or pytest in processes of their own
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -21,6 +21,8 @@ import yaml
 
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.slow  # starts a Ray head and submits a Ray job
+
 VENV_BIN = str(Path(sys.executable).parent)
 
 

@@ -58,6 +58,7 @@ def _gzip_jsonl(path: Path, prefix: str, count: int) -> bytes:
     return data
 
 
+@pytest.mark.slow  # run_job starts a private Ray
 @pytest.mark.timeout(300)
 def test_a_bad_shard_fails_alone_inside_its_task(tmp_path: Path, job_file: Callable[..., Path]) -> None:
     corpus = tmp_path / "corpus"

@@ -30,6 +30,8 @@ import yaml
 
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.slow  # every test runs `teibatch run` drivers in processes of their own
+
 RUNS = 20
 CONCURRENCY = 2
 WINDOW_S = 10.0

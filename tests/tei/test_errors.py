@@ -1,4 +1,4 @@
-"""TEI's answers (CONTRACT.md §4) map to teibatch's error types."""
+"""TEI's answers (docs/client.md, "What each answer leads to") map to teibatch's error types."""
 
 from __future__ import annotations
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from teibatch.errors import JobSpecError
 from teibatch.fleet.base import Provider
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
@@ -22,7 +20,7 @@ from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.providers.local import LocalProvider
 from teibatch.fleet.providers.localdocker import LocalDockerProvider, docker_engine_available
 from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
-from teibatch.fleet.providers.ssh import SshHost, SshProvider, read_inventory
+from teibatch.fleet.providers.ssh import SshHost, SshProvider
 from teibatch.fleet.providers.static import StaticProvider
 from teibatch.fleet.providers.vast import DEFAULT_MIN_RELIABILITY, VastApi, VastProvider
 from teibatch.fleet.providers.vast import DEFAULT_MODEL_DIR as VAST_MODEL_DIR
@@ -96,21 +94,8 @@ def _startup_timeout(servers: ServersSection) -> float:
 
 
 def ssh_hosts(servers: ServersSection) -> list[SshHost]:
-    """The hosts of ``servers.hosts`` and of the ``servers.inventory`` file, validated."""
-    # The inventory's hosts take the job file's own rules (the keys of servers.hosts): the one place the
-    # fleet uses a class of the job file; imported here, when an inventory is read.
-    from teibatch.job import SshHostSection
-
-    sections = list(servers.hosts)
-    inventory = servers.inventory
-    for index, host in enumerate(read_inventory(inventory) if inventory else []):
-        try:
-            sections.append(SshHostSection.model_validate(host))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in (index, *first["loc"]))
-            raise JobSpecError(f"{inventory}: hosts.{where}: {first['msg']}", key="servers.inventory") from None
-    return [SshHost(**section.model_dump()) for section in sections]
+    """The hosts of ``servers.hosts`` and of the ``servers.inventory`` file, validated by the job's rules."""
+    return [SshHost(**section.model_dump()) for section in servers.host_sections()]
 
 
 def _needs_model(model_id: str | None) -> None:

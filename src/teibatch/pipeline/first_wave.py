@@ -1,11 +1,11 @@
 """The first wave: the driver sends the run's first requests itself, until the senders are running.
 
-A sender is a Ray actor: its process takes 0.4-0.5 s to start (Ray's worker, importing numpy and
-httpx, Ray readying the actor) and the servers would wait for it. The driver has everything
-loaded, and has just met the servers: right after the probe it sends the head start's first texts
-(``pipeline/head_start.py``) itself, from a thread of its own, keeping each server's whole
-in-flight budget busy — a request back is followed by the next — until the senders say they are
-running. The servers are busy from the probe on.
+A sender is a Ray actor: its process start (Ray's worker, importing numpy and httpx, Ray readying
+the actor) is the longest step of the opening (docs/client.md), and the servers would wait for it.
+The driver has everything loaded, and has just met the servers: right after the probe it sends
+the head start's first texts (``pipeline/head_start.py``) itself, from a thread of its own,
+keeping each server's whole in-flight budget busy — a request back is followed by the next —
+until the senders say they are running. The servers are busy from the probe on.
 
 The budget is never shared twice. Each sender's plan says how many inputs the driver may have in
 flight at each of its servers (``SenderPlan.held``: the server's whole budget); they count against

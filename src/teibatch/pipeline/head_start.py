@@ -1,7 +1,7 @@
 """A head start: the driver sends the run's first texts itself, while the first shard task's worker loads.
 
 Once the servers are met, the first shard task still needs its Ray worker to load the task's
-function and modules (0.2-0.5 s, more on a busy small machine) before it reads a document, and
+function and modules before it reads a document (docs/client.md has the times), and
 the servers would wait for it. The driver has the reading code loaded already: it reads the first
 shard's first documents — the senders' whole budget, so every server gets a full queue, and at
 least :data:`MIN_HEAD_START_TEXTS`, so that servers with small budgets have work until the task

@@ -150,7 +150,7 @@ class Eta:
     """Time left, from the rate of real progress only: none until it can be measured.
 
     The first shard to finish carries the run's start-up (workers starting, the first requests),
-    so a rate counted from the start foretells a run many times too long (59 s shown, 2 s left).
+    so a rate counted from the start foretells a run many times too long.
     The rate is measured from the first finished shard on, over the documents that finished after
     it, and only once :data:`ETA_MIN_SPAN_S` seconds have passed since: before that, no ETA.
     """

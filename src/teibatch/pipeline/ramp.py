@@ -3,10 +3,10 @@
 One shard task can fill every server on its own (``pipeline/run.py`` groups small shards until a
 task holds the senders' whole budget); a second one is there so that the next shard is already
 sending when the first one ends. The driver readies one worker process before it meets the
-servers; a second task needs another, and starting a Ray worker takes a second of CPU. Started at
-once, that second comes out of the senders' while the servers' queues are still empty, and the
-servers wait (on 2 cores: the first full batches 0.5-1 s later, the whole run that much longer);
-started :data:`FIRST_TASK_ALONE_S` later, the servers' queues hold seconds of work and nothing
+servers; a second task needs another, and starting a Ray worker process costs CPU. Started at
+once, that CPU comes out of the senders' while the servers' queues are still empty, and the
+servers wait (the first full batches come later, and the whole run ends that much later:
+docs/client.md); started :data:`FIRST_TASK_ALONE_S` later, the servers' queues hold seconds of work and nothing
 waits. On a cluster of several machines the first tasks start together: Ray spreads them over the
 machines, whose new workers take nothing from the senders' cores.
 

@@ -103,8 +103,8 @@ def ray_session(address: str | None, timings: dict[str, float] | None = None) ->
 
 # Ray starts its worker processes at niceness 15, below its own services, the driver and any local
 # server; the senders, which must turn each answer into the next request within milliseconds, then
-# wait whenever any of those works (a worker process starting stalled a sender for 0.3 s while
-# the servers emptied). A private Ray starts its workers at 0; the shard tasks lower their own
+# wait whenever any of those works (a worker process starting stalled a sender while the servers
+# emptied; docs/client.md). A private Ray starts its workers at 0; the shard tasks lower their own
 # priority (``pipeline/shard.py``), so on a full machine the senders come first.
 LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {"worker_niceness": 0}
 # How every run meets Ray, private or joined: no dashboard, no worker logs in the terminal.
@@ -150,8 +150,8 @@ def _quiet_ray_start() -> Iterator[None]:
 # The Ray head's Python services a private, single-run Ray has no use for: the dashboard's API
 # server (nothing else may reach this Ray, and ``include_dashboard=False`` still starts it for usage
 # statistics), the autoscaler's monitor (nothing to scale) and the log monitor (``log_to_driver=False``:
-# the driver reads no worker logs). Each is a Python process importing Ray — together about 4 s of
-# CPU and 1.5 s of the start on a 2-core machine, for a run that may take 8 s in all.
+# the driver reads no worker logs). Each is a Python process importing Ray: together a large share of
+# a small run's start (docs/benchmarks.md).
 IDLE_SERVICES = ("start_api_server", "start_monitor", "start_log_monitor")
 
 

@@ -393,8 +393,8 @@ def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None, workers
 
     Returns the sender actors, and what says the workers are ready.
 
-    Started before the servers are met: an actor's process takes 0.4-0.5 s to start, and a worker's
-    first task as long before it runs (Ray loads the function and its modules). Nothing waits for
+    Started before the servers are met, so that the slowest steps of the opening overlap it: an
+    actor's process start, and a worker's first task (Ray loads the function and its modules). Nothing waits for
     the senders: the driver sends the first requests itself (``pipeline/first_wave.py``) and the
     first texts wait in the senders' queues. The warm-up tasks are waited for before the first
     shard task, so that their workers are free again for it. A sender that fails to start is found
@@ -492,8 +492,8 @@ def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard])
 
     Shards smaller than the senders' whole budget (in documents) go together, up to
     ``MAX_SHARDS_PER_TASK``, until a task holds the budget: a few worker processes then keep the
-    servers full, where one process per small shard would spend a second of CPU starting each and
-    leave the servers waiting. A job that sets ``limits.max_shards_in_flight`` gets one shard a task.
+    servers full, where one process per small shard would spend CPU starting each and leave the
+    servers waiting. A job that sets ``limits.max_shards_in_flight`` gets one shard a task.
     """
     if job.limits.max_shards_in_flight != "auto":
         return [(shard,) for shard in pending]

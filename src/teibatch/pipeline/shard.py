@@ -88,7 +88,7 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     first shard's texts that the driver already sent (``pipeline/head_start.py``).
 
     Small shards are handed out together so that one worker process keeps enough documents on their
-    way to fill the servers (starting another Ray worker costs a second of CPU). Each shard keeps its
+    way to fill the servers (starting another Ray worker process takes CPU from the senders). Each shard keeps its
     own outcome: one that raises is returned as its exception, and the others still count.
 
     With chunking over the servers' ``/tokenize``, the task's counter is closed at its end and what
@@ -124,7 +124,7 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
 def warm_worker() -> None:
     """A Ray task that readies a worker process for the shard tasks that follow it.
 
-    A worker's first task waits half a second for Ray to load the function and, with it, this module
+    A worker's first task waits for Ray to load the function and, with it, this module
     and its imports: that loading is this task's whole work. The driver runs it as it meets the
     servers (``pipeline/run.py``), so that the first shard tasks start at once on the same worker.
     The worker's priority is left alone: Ray may give the process to a sender next.

@@ -2,7 +2,8 @@
 
 Handlers raise :class:`ApiError` (TEI's ``ErrorResponse``: ``{"error", "error_type"}``, PascalCase
 types) or :class:`Rejection` (what axum's extractors answer on their own: text/plain, no JSON).
-One place renders them, so the status table of CONTRACT.md §4 lives here and nowhere else.
+One place renders them, so TEI's error-type-to-status table (``From<&ErrorType> for StatusCode`` in
+TEI's ``router/src/http/server.rs``) lives here and nowhere else.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The embedding routes: ``/embed``, ``/v1/embeddings`` (and ``/embeddings``), ``/embed_sparse``,
 ``/embed_all`` and ``/similarity``.
 
-Each follows TEI's order of checks (CONTRACT.md §5): JSON (415/413/400/422 plain text), empty,
-batch size (422), per-input permits (429), model kind (424), per-input tokenization
-(400/422), queue, backend (424), ``dimensions`` (422). The OpenAI route hard-codes what TEI
-hard-codes: ``truncate`` = ``--auto-truncate``, direction right, no prompt name, ``normalize`` true.
+Each follows the order of checks of TEI's handlers (``router/src/http/server.rs``): JSON
+(415/413/400/422 plain text), empty, batch size (422), per-input permits (429), model kind (424),
+per-input tokenization (400/422), queue, backend (424), ``dimensions`` (422). The OpenAI route
+hard-codes what TEI hard-codes: ``truncate`` = ``--auto-truncate``, direction right, no prompt name,
+``normalize`` true.
 """
 
 from __future__ import annotations

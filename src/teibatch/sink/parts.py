@@ -205,8 +205,8 @@ def rejects_table(ids: Sequence[str], reasons: Sequence[str], details: Sequence[
 
 
 # Parts' fixed columns are built from their buffers rather than with ``pa.array``, which imports
-# pandas on a process's first call wherever pandas is installed (Ray's extras install it): 0.3-0.5 s
-# of CPU in every shard worker, spent at the end of its first shard while the servers wait.
+# pandas on a process's first call wherever pandas is installed (Ray's extras install it): CPU in
+# every shard worker, spent at the end of its first shard while the servers wait (docs/client.md).
 def _string_array(values: Sequence[str]) -> pa.Array:
     """``values`` (no ``None``) as an Arrow ``string`` array."""
     encoded = [value.encode() for value in values]
@@ -255,7 +255,7 @@ class VectorsPart:
 
     A shard's vectors come back over minutes; encoding each row group as soon as its rows are in
     (into a local spill file) leaves only the last, partial group for after the shard's last vector,
-    when at the end of a run the servers wait for it (zstd over a 20,000-row part is ~0.2 s of CPU).
+    when at the end of a run the servers wait for it (docs/output.md has the cost of compressing a part).
     Rows must be added in the part's order. Nothing reaches the output before :meth:`commit`, so a
     task killed half-way leaves nothing behind (the spill file is unlinked from the start), not even
     an open multipart upload. Use it as a context manager: leaving it discards what was not committed.
@@ -332,8 +332,8 @@ def warm_up() -> None:
     """Do pyarrow's one-time work of a first ``pa.array`` now (call it in a background thread).
 
     Only a part with kept fields, or reading an earlier run's parts, calls ``pa.array`` (see
-    :func:`_string_array`), and pyarrow imports pandas, when installed, on the first call of a process
-    (half a second of CPU); a shard task that will need it does that while its texts are being embedded.
+    :func:`_string_array`), and pyarrow imports pandas, when installed, on the first call of a process;
+    a shard task that will need it does that while its texts are being embedded.
     """
     pa.array(["warm"], pa.string())
 

@@ -2,10 +2,10 @@
 
 Every httpx error and every non-200 answer is mapped here, once, to a
 :class:`~teibatch.errors.TeiError` subclass (``raise ... from exc``); code elsewhere branches on
-those types and their fields, never on message text. TEI's fixed error texts (CONTRACT.md §4) are
-read only in :func:`error_from_response`. A 200 is trusted no more than the rest: a body that is not
-the route's JSON, and vectors of the wrong count, dimension, value or norm, are
-:class:`~teibatch.errors.ServerFault` (:mod:`teibatch.tei.checks`).
+those types and their fields, never on message text. TEI's fixed error texts (docs/client.md, "What
+each answer leads to") are read only in :func:`error_from_response`. A 200 is trusted no more than
+the rest: a body that is not the route's JSON, and vectors of the wrong count, dimension, value or
+norm, are :class:`~teibatch.errors.ServerFault` (:mod:`teibatch.tei.checks`).
 
 Every request has one deadline for all of it (connect, send, wait, read): a server that never
 answers, or trickles its answer a byte at a time, is given up after the request's timeout and the
@@ -59,7 +59,7 @@ _JSON_HEADERS = {"content-type": "application/json"}
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """httpx's default TLS settings, built once per process (reading the CA bundle: 20-50 ms of CPU)."""
+    """httpx's default TLS settings, built once per process: each build reads the CA bundle again."""
     return httpx.create_ssl_context()
 
 

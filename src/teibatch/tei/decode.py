@@ -4,10 +4,10 @@ Decoding is the client's main CPU cost (``docs/client.md`` has the numbers):
 
 * ``/embed`` answers JSON floats (about 12 bytes a float). ``orjson`` parses them in C and numpy
   converts the nested lists in one call; measured against ``np.fromstring(sep=",")``, a flat
-  ``orjson`` list, and the standard ``json`` module, this was the fastest (about 2× ``json``).
+  ``orjson`` list, and the standard ``json`` module, this was the fastest.
 * ``/v1/embeddings`` with ``encoding_format: base64`` answers each vector as base64 of its
   little-endian float32 bytes: ``orjson`` only scans strings, ``binascii`` decodes them, numpy views
-  the bytes; about 3× cheaper than the ``/embed`` path.
+  the bytes; cheaper still than the ``/embed`` path.
 * ``/embed_sparse`` answers each text's non-zero entries as ``{"index": i, "value": v}`` objects:
   ``orjson`` parses them, and ``itemgetter`` with ``np.fromiter`` take the numbers out in C
   (:func:`decode_sparse`), with no Python statement per entry.

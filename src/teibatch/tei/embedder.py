@@ -1,7 +1,7 @@
 """Embedding a list of texts over a pool: packing per server, retries, splits, per-document failures.
 
 Every text ends with a vector or a :class:`Failure`, and one bad text never takes its batch-mates
-down. What each of TEI's answers leads to (CONTRACT.md §4):
+down. What each of TEI's answers leads to (docs/client.md has the same table):
 
 ========================== ==================================================================
 answer                     what happens

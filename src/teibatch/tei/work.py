@@ -153,7 +153,7 @@ class WorkQueue:
         item = Item(position, encoded, len(text))
         options = self.packer.options
         if not options.truncate and self.max_input_chars is not None and len(text) > self.max_input_chars:
-            # TEI refuses it without tokenizing (CONTRACT.md §4: more than max_input_length * 250 chars).
+            # TEI refuses it without tokenizing (its core/src/tokenization.rs: over max_input_length * 250 chars).
             if options.on_too_long == ON_TOO_LONG_TRUNCATE:
                 self._alone(item)
             else:

@@ -17,8 +17,8 @@ Nothing is downloaded. The model's ``max_seq_length`` (256 for all-MiniLM-L6-v2)
 
 The matrix products run on one BLAS thread per server unless ``OMP_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS`` or ``MKL_NUM_THREADS`` says otherwise: run one server per core (the
-``local`` provider's ``count``). Multi-threaded BLAS pools on shared cores spin against each other:
-on a busy 2-core machine, two threads were 1.7 to 8 times slower than one.
+``local`` provider's ``count``): multi-threaded BLAS pools on shared cores spin against each other
+(docs/server.md).
 """
 
 from __future__ import annotations
