@@ -27,6 +27,7 @@ The hierarchy::
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
     ├── RejectsFound            --fail-on-rejects and some documents were rejected (exit code 1)
     ├── RayUnavailable          Ray could not be started or joined (exit code 1)
+    ├── SenderFailed            a shard's sender kept dying mid-chunk: the shard is left for the next run (exit 1)
     └── FleetError              servers could not be launched, reached or destroyed
         ├── CapacityUnavailable no server could be started or none stayed healthy
         ├── TeardownIncomplete  something launched could not be destroyed
@@ -304,6 +305,13 @@ class RejectsFound(TeibatchError):
 class RayUnavailable(TeibatchError):
     """Ray could not be started, or the cluster named by ``--ray-address``/``RAY_ADDRESS`` could not be
     joined (unreachable, another Ray version). Nothing was embedded; the same command resumes."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class SenderFailed(TeibatchError):
+    """A chunk could not be embedded because its sender (the process that talks to the servers) kept
+    dying; the shard is not committed, and the same command sends it again."""
 
     exit_code = EXIT_INCOMPLETE
 

@@ -13,7 +13,7 @@ from itertools import islice
 
 import ray
 
-from teibatch.errors import CapacityUnavailable, TeibatchError
+from teibatch.errors import CapacityUnavailable, SenderFailed
 from teibatch.pipeline.head_start import HeadStart, texts_digest
 from teibatch.pipeline.senders.plans import SenderRef, least_loaded
 from teibatch.tei import EmbedResult
@@ -38,10 +38,6 @@ def streams_done(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
     for stream in streams:
         for sender in senders:
             sender.actor.stream_done.remote(stream)
-
-
-class SenderFailed(TeibatchError):
-    """A chunk could not be embedded because its sender kept dying; the shard is retried by a later run."""
 
 
 def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
