@@ -14,8 +14,8 @@ import ray
 
 from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.endpoint import Endpoint
-from teibatch.pipeline.head_start import FirstTexts, HeadStart, SentChunk, send_head_start, texts_digest
-from teibatch.pipeline.senders.actor import launch_senders, start_senders, stop_senders
+from teibatch.pipeline.head_start import HeadStart, HeadStartTexts, SentChunk, send_head_start, texts_digest
+from teibatch.pipeline.senders.actor import launch_senders, probed_senders, start_senders, stop_senders
 from teibatch.pipeline.senders.core import SenderCore
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders
 from teibatch.pipeline.senders.sending import embed_through_senders
@@ -27,8 +27,8 @@ from tests.conftest import write_jsonl
 
 def plan_for(url: str, dimension: int | None = 384, batch: int = 4) -> SenderPlan:
     limits = ClientLimits(max_batch_size=batch, max_inflight_inputs=8, payload_limit=2_000_000)
-    (plan,) = plan_senders([ServerPlan(Endpoint(url), limits)], route="embed", embed=EmbedOptions(),
-                           dimension=dimension, model_id=None, api_key_env=None, request_timeout=30, max_retries=3)
+    (plan,) = plan_senders(SenderPlan((ServerPlan(Endpoint(url), limits),), "embed", EmbedOptions(), dimension,
+                                      request_timeout=30, max_retries=3))
     return plan
 
 
@@ -93,17 +93,17 @@ def test_the_driver_sends_the_first_shards_first_documents(tmp_path: Path, ray_s
     with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
         sender, one_a_request = sender_for(url), sender_for(url, batch=1)  # the second: chunks of 8, a budget of 8
         try:
-            head = send_head_start(FirstTexts(options, first), [sender])
+            head = send_head_start(HeadStartTexts(options, first), [sender])
             assert head is not None and head.count == 24  # the shard's 25 documents, less the one rejected
             assert head.digest == texts_digest(str(r["text"]) for r in rows[:25] if "text" in r)
-            ahead = FirstTexts(options, first)
+            ahead = HeadStartTexts(options, first)
             ahead.read(3)  # what the driver reads while the senders start
             assert ahead.texts == [f"document {i}" for i in range(3)]
             with patch("teibatch.pipeline.head_start.MIN_HEAD_START_TEXTS", 5):
                 head = send_head_start(ahead, [one_a_request])
             assert head is not None and head.count == 8  # read on to the sender's budget, when that is more
             assert head.digest == texts_digest(str(r["text"]) for r in rows[:9] if "text" in r)
-            missing = send_head_start(FirstTexts(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first),
+            missing = send_head_start(HeadStartTexts(CorpusOptions(str(tmp_path / "gone"), id_field="id"), first),
                                       [sender])
         finally:
             stop_senders([sender.actor, one_a_request.actor])
@@ -121,13 +121,14 @@ def test_texts_sent_before_the_probe_wait_in_the_sender_for_its_plan(tmp_path: P
         early = plan_for(url, dimension=None)  # what the servers' /info tells, before their probe
         (actor,) = launch_senders([[Endpoint(url)]])
         try:
-            first = FirstTexts(options, shard)
+            first = HeadStartTexts(options, shard)
             first.send([SenderRef(actor, early)], 5)  # rounded up to a chunk: 8 x 4 texts
             early = first.head_start()
             assert early is not None and early.count == 32 and len(early.chunks) == 1
             waiting, _ = ray.wait([early.chunks[0].result], timeout=1.0)
             assert waiting == [] and embedded_texts(url) == Counter()  # no plan yet: nothing sent
-            (sender,) = start_senders([plan_for(url)], [actor])  # the probed plan: the chunk goes now
+            started = start_senders([plan_for(url, dimension=None)], [actor])
+            (sender,) = probed_senders(started, 384)  # the probed plan: the chunk goes now
             with patch("teibatch.pipeline.head_start.MIN_HEAD_START_TEXTS", 40):
                 head = send_head_start(first, [sender])
             assert head is not None and head.count == 64 and head.chunks[0] == early.chunks[0]

@@ -47,8 +47,8 @@ def stats(url: str) -> dict[str, object]:
 
 def plan_for(urls: list[str], batch: int = 4, inflight: int = 8) -> SenderPlan:
     limits = ClientLimits(max_batch_size=batch, max_inflight_inputs=inflight, payload_limit=2_000_000)
-    (plan,) = plan_senders([ServerPlan(Endpoint(u), limits) for u in urls], route="embed", embed=EmbedOptions(),
-                           dimension=384, model_id=None, api_key_env=None, request_timeout=30, max_retries=3)
+    (plan,) = plan_senders(SenderPlan(tuple(ServerPlan(Endpoint(u), limits) for u in urls), "embed", EmbedOptions(),
+                                      384, request_timeout=30, max_retries=3))
     return plan
 
 
@@ -148,8 +148,7 @@ def test_a_sender_copies_slow_requests_to_an_idle_server_only_at_the_end(last_sh
 def test_senders_are_sized_by_servers() -> None:
     limits = ClientLimits(max_batch_size=32, max_inflight_inputs=512, payload_limit=2_000_000)
     servers = [ServerPlan(Endpoint(f"http://127.0.0.1:{9000 + i}"), limits) for i in range(2 * SERVERS_PER_SENDER + 1)]
-    plans = plan_senders(servers, route="embed", embed=EmbedOptions(), dimension=384, model_id=None,
-                         api_key_env=None, request_timeout=30, max_retries=3)
+    plans = plan_senders(SenderPlan(tuple(servers), "embed", EmbedOptions(), 384, request_timeout=30, max_retries=3))
     assert len(plans) == 3
     assert sorted(p.endpoint.url for plan in plans for p in plan.servers) == sorted(s.endpoint.url for s in servers)
     assert plans[0].budget == 512 * len(plans[0].servers)

@@ -1,18 +1,9 @@
-"""A head start: the driver sends the run's first texts itself, while the first shard task's worker loads.
+"""The head start's texts: the first shard's first texts, which the driver reads and sends itself.
 
-Once the servers are met, the first shard task still needs its Ray worker to load the task's
-function and modules before it reads a document (docs/client.md has the times), and
-the servers would wait for it. The driver has the reading code loaded already: it reads the first
-shard's first documents — the senders' whole budget, so every server gets a full queue, and at
-least :data:`MIN_HEAD_START_TEXTS`, so that servers with small budgets have work until the task
-sends (what does not fit the windows waits in the senders) — and sends them to the senders as
-ordinary chunks. The first :data:`MIN_HEAD_START_TEXTS` are read and sent while the senders'
-processes start, before the servers' first embedding (the probe): they wait in the senders, which
-start them as soon as the probe's answer gives them their plan, with no round trip through the
-driver or the object store in between. The driver also sends them to the servers itself from the
-probe on, until the senders run (``pipeline/first_wave.py``): their chunks wait in the senders for
-the driver's vectors. The shard task, once started, takes those chunks'
-results as its own and sends the rest of its texts itself.
+The driver sends them to the senders as ordinary chunks before the servers' probe (they wait
+there), and its own requests of them from the probe on (``pipeline/head_start_requests.py``); why,
+and in which order, is the run's opening (``pipeline/opening.py``). The shard task takes those
+chunks' results as its own and sends the rest of its texts itself.
 
 Nothing rests on the driver's reading: the task reads the same documents again (it needs their ids,
 hashes and rejects anyway) and checks that its first texts are the ones the driver sent (a digest);
@@ -74,7 +65,7 @@ def texts_digest(texts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-class FirstTexts:
+class HeadStartTexts:
     """A shard's first texts, read and sent as far as asked: some before the servers' probe, the rest after.
 
     A shard that cannot be read gets no head start (:attr:`failed`): its task meets the same error
@@ -117,13 +108,13 @@ class FirstTexts:
         """:meth:`read` on to ``count`` texts rounded up to whole chunks of ``chunk_size`` (as :meth:`send` does)."""
         self.read(math.ceil(count / chunk_size) * chunk_size)
 
-    def send(self, senders: Sequence[SenderRef], count: int, wave: Collection[int] = ()) -> None:
+    def send(self, senders: Sequence[SenderRef], count: int, requested: Collection[int] = ()) -> None:
         """Read on to ``count`` texts, rounded up to whole chunks, and send those not sent yet over ``senders``.
 
         Each chunk goes to the sender with the least of them per unit of its budget. ``senders`` may
         be planned before the servers' probe (no dimension yet): their chunks wait in the senders.
-        ``wave``: the first texts' positions of the chunks the driver sends itself (``pipeline/first_wave.py``):
-        those wait in their sender for the driver's vectors.
+        ``requested``: the first texts' positions of the chunks whose requests the driver sends itself
+        (``pipeline/head_start_requests.py``): those wait in their sender for the driver's vectors.
         """
         chunk_size = min(s.chunk_size for s in senders)
         self.read_chunks(count, chunk_size)
@@ -134,10 +125,8 @@ class FirstTexts:
             chunk = self.texts[start:start + chunk_size]
             index = least_loaded(senders, load)
             sender = senders[index]
-            if start in wave:
-                result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan, start)
-            else:
-                result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan)
+            key = start if start in requested else None
+            result = sender.actor.embed.remote(chunk, HEAD_START_PRIORITY, sender.plan, key)
             self._chunks.append(SentChunk(start, len(chunk), index, result))
             load[index] += len(chunk)
         self._load = load
@@ -152,13 +141,17 @@ class FirstTexts:
             return None
         return HeadStart(self._sent, texts_digest(self.texts[:self._sent]), tuple(self._chunks))
 
+    def sent_texts(self) -> list[str]:
+        """The texts sent so far, in order (none from a shard that could not be read)."""
+        return [] if self.failed else self.texts[:self._sent]
+
     @property
     def _sent(self) -> int:
         """How many of the first texts have been sent (the chunks follow one another from the first)."""
         return sum(chunk.length for chunk in self._chunks)
 
 
-def send_head_start(first: FirstTexts, senders: Sequence[SenderRef]) -> HeadStart | None:
+def send_head_start(first: HeadStartTexts, senders: Sequence[SenderRef]) -> HeadStart | None:
     """Send ``first`` on to the senders' whole budget (at least :data:`MIN_HEAD_START_TEXTS`): the whole head start.
 
     ``None`` if there is nothing to send (an empty or unreadable shard).

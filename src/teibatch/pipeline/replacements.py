@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -35,7 +34,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import FleetError, TeibatchError
 from teibatch.fleet import LostServer, Provider, ReplacesLost
 from teibatch.pipeline.progress import Reporter
-from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
+from teibatch.pipeline.senders.plans import SenderRef, ServerPlan
 from teibatch.pipeline.summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -136,7 +135,7 @@ class ServerWatch:
     def _put_in(self, owner: int | None, plan: ServerPlan, server: LostServer, entry: dict[str, Any],
                 seconds: float) -> None:
         owner = 0 if owner is None else owner
-        self._plans[owner] = sender_plan = _with_server(self._plans[owner], plan)
+        self._plans[owner] = sender_plan = self._plans[owner].with_server(plan)
         self._owner[plan.endpoint.url] = owner
         self._call(self._actors[owner].add.remote(plan, sender_plan))
         entry.update(status="replaced", replacement_url=plan.endpoint.url, seconds_to_replace=round(seconds, 1))
@@ -150,10 +149,6 @@ class ServerWatch:
             ray.get(ref, timeout=SENDER_CALL_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             log.warning("a sender did not take the change of servers: %s", exc)
-
-
-def _with_server(plan: SenderPlan, server: ServerPlan) -> SenderPlan:
-    return replace(plan, servers=(*plan.servers, server), held=())
 
 
 def meet_replacements(connect: Callable[[list[Endpoint]], Any], limits: Callable[[Any], Any], model_id: str,

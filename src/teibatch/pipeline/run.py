@@ -14,7 +14,7 @@ import ray
 
 from teibatch.corpus import CorpusProbe, KeptFields, Shard, content_hash, plan_shards, probe_corpus
 from teibatch.corpus.overlap import exclusion_note
-from teibatch.crashpoints import crashpoint, task_environment
+from teibatch.crashpoints import crashpoint
 from teibatch.endpoint import Endpoint
 from teibatch.errors import (
     CapacityUnavailable,
@@ -30,16 +30,16 @@ from teibatch.errors import (
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
 from teibatch.pipeline.calibration import output_quantization
-from teibatch.pipeline.chunking_setup import chunk_plan, chunking_info, early_counter
-from teibatch.pipeline.chunks import ChunkPlan, ChunkTally
-from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
+from teibatch.pipeline.chunking_setup import CounterSource, chunk_plan, chunking_info, early_counter
+from teibatch.pipeline.chunks import ChunkTally
+from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.dedup import Dedup
-from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
-from teibatch.pipeline.head_start import MIN_HEAD_START_TEXTS, FirstTexts, HeadStart, send_head_start
+from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
-from teibatch.pipeline.moved_texts import MovedTexts, index_moved_texts
+from teibatch.pipeline.moved_texts import index_moved_texts
+from teibatch.pipeline.opening import Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
@@ -47,13 +47,12 @@ from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
 from teibatch.pipeline.run_fleet import fleet_record, fleet_session, job_provider
 from teibatch.pipeline.same_output import check_vector_kind, open_manifest
-from teibatch.pipeline.senders.actor import launch_senders, sender_news, start_senders, stop_senders
-from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
+from teibatch.pipeline.senders.actor import sender_news
+from teibatch.pipeline.senders.plans import SenderRef
 from teibatch.pipeline.senders.sending import last_streams, streams_done
-from teibatch.pipeline.shard import ShardOutcome, shard_task, warm_worker
+from teibatch.pipeline.shard import ShardOutcome, as_shard_work, shard_task
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
-from teibatch.quantize import Quantization
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -65,7 +64,7 @@ from teibatch.sink import (
 )
 from teibatch.sink import write_report as save_report
 from teibatch.sparse import KIND_DENSE, KIND_SPARSE
-from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
+from teibatch.tei import EmbedOptions
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,6 @@ NEWS_INTERVAL_S = 5.0
 SPARE_TASKS_PER_SENDER = 1
 # The most shards one task processes side by side (see _tasks).
 MAX_SHARDS_PER_TASK = 16
-# The longest the run waits for its senders and first workers to start before it meets the servers.
-WARM_UP_TIMEOUT_S = 60.0
 
 
 def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter | None = None,
@@ -222,6 +219,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
                    summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
                    kept: KeptFields | None) -> None:
+    """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
@@ -239,106 +237,82 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             ray_start.wait()
             reinstall(interrupts)
             interrupts.check()
-            warming = time.monotonic()
-            one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-            actors, workers_up = _start_warm_up(endpoints, job.servers.api_key_env,
-                                                _workers_to_warm(one_machine, len(pending)))
-            wave: FirstWave | None = None
-            early: list[SenderRef] = []  # the senders as planned before the probe
-            dedup: Dedup | None = None
+            # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
+            first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
+                else pending[0]
+            opening = Opening(job, options, endpoints, len(pending), first)
+            context: ShardContext | None = None
             try:
-                # The servers are met while the senders' processes and the first workers start. The
-                # driver sends the first requests itself right after the probe (``pipeline/first_wave.py``),
-                # so that the servers wait for no process; the senders take over as they come up, and
-                # the rest of the first texts wait in them meanwhile.
                 met = time.monotonic()
-                # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
-                first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
-                    else FirstTexts(job.corpus_options(), pending[0], distinct=job.corpus.deduplicate)
-                if first is not None:
-                    first.read(MIN_HEAD_START_TEXTS)  # before the servers are met: the wave is planned at once
-
-                def plans(servers: ServersMet, dimension: int | None) -> list[SenderPlan]:
-                    return plan_senders(_server_plans(job, servers), route=servers.route, embed=options,
-                                        dimension=dimension, model_id=servers.model_id,
-                                        api_key_env=job.servers.api_key_env,
-                                        request_timeout=job.client.request_timeout,
-                                        max_retries=job.client.max_retries,
-                                        held=wave.held if wave is not None else None)
-
-                def before_probe(servers: ServersMet) -> None:
-                    # The wave is planned, the senders are told what it holds, and the first texts reach
-                    # them, before the servers are busy.
-                    nonlocal wave, early
-                    if first is not None:
-                        chunk_size = min(p.chunk_size for p in plans(servers, None))
-                        first.read_chunks(MIN_HEAD_START_TEXTS, chunk_size)
-                        if not first.failed:
-                            wave = plan_first_wave(_server_plans(job, servers), servers.route, options,
-                                                   first.texts, chunk_size)
-                    if wave is not None and first is not None:
-                        _start_wave(wave, first, lambda: early, servers, options, job)
-                    early = start_senders(plans(servers, None), actors)
-                    if first is not None:
-                        first.send(early, MIN_HEAD_START_TEXTS, wave.keys if wave is not None else ())
-
-                fleet = connect(endpoints, options, requested_route=job.client.route, expected_model=job.model.id,
-                                api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout,
-                                before_probe=before_probe)
+                fleet = opening.meet()
                 _check_same_vectors(manifest, fleet, store, job)  # servers the output cannot take get no work
-                if wave is not None:
-                    wave.go(fleet.dimension)
+                senders, head = opening.send(fleet)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
-                chunking = (chunk_plan(job, fleet, counter, [_limits(job, s) for s in fleet.servers])
-                            if job.chunking.enabled else None)
-                size = ({"kind": KIND_SPARSE, "vocab_size": fleet.dimension} if fleet.sparse
-                        else {"dimension": fleet.dimension})
-                manifest.info = {"model_id": fleet.model_id, **size, "route": fleet.route,
-                                 "servers": [s.info.to_json() for s in fleet.servers],
-                                 **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
-                if chunking is not None:
-                    summary.chunking = ChunkTally()
-                    summary.tokenizer = chunking.source.label
-                senders = start_senders(plans(fleet, fleet.dimension), actors)
-                if wave is not None:
-                    wave.watch(_all_running(senders))
-                # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
-                try:
-                    quantization = output_quantization(job.output.vector_type, manifest, pending,
-                                                       job.corpus_options(), chunking, senders, reporter)
-                finally:
-                    if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
-                        summary.chunking.add_tokenize(chunking.source.release())
-                if job.corpus.deduplicate:
-                    dedup = Dedup.for_run(job.client.request_timeout)
-                moved = index_moved_texts(store, manifest) if _moved_lookup(job, manifest) else None
-                context = _context(job, fleet, kept, chunking, quantization, dedup, moved)
-                tasks = _tasks(job, senders, pending)
-                head = None if first is None else send_head_start(first, senders)
-                if first is not None and head is not None and dedup is not None:  # the first shard sends them
-                    dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
-                                                      for text in first.texts[:head.count]))
-                wait_from = time.monotonic()
-                _wait_warm_up(workers_up)
-                waited = time.monotonic() - wait_from
+                context = _shard_context(job, fleet, counter, kept, manifest, store, pending, senders, summary,
+                                         reporter)
+                if head is not None and context.dedup is not None:  # the first shard sends them
+                    context.dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
+                                                              for text in opening.sent_texts()))
+                waited = opening.wait_for_workers()
                 # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
                 # servers and sending the first texts).
-                summary.timings["warm_up_s"] = met - warming + waited
+                summary.timings["warm_up_s"] = met - opening.started + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
                 with _server_watch(job, provider, fleet, options, senders, reporter, summary):
-                    _schedule(tasks, head, previous, context, tuple(senders), manifest, store, summary, reporter,
-                              job, interrupts, one_machine)
+                    _schedule(_tasks(job, senders, pending), head, previous, context, tuple(senders), manifest, store,
+                              summary, reporter, job, interrupts, opening.one_machine)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
-                if wave is not None:
-                    wave.stop()
-                if dedup is not None:
-                    ray.kill(dedup.registry, no_restart=True)
-                summary.servers = stop_senders(actors)
+                if context is not None and context.dedup is not None:
+                    ray.kill(context.dedup.registry, no_restart=True)
+                summary.servers = opening.close()
     finally:  # after teardown: the instances' whole time
         summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
         summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
+
+
+def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
+                   manifest: Manifest, store: OutputStore, pending: list[Shard], senders: Sequence[SenderRef],
+                   summary: RunSummary, reporter: Reporter) -> ShardContext:
+    """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
+    metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
+    chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
+        if job.chunking.enabled else None
+    size = {"kind": KIND_SPARSE, "vocab_size": fleet.dimension} if fleet.sparse else {"dimension": fleet.dimension}
+    manifest.info = {"model_id": fleet.model_id, **size, "route": fleet.route,
+                     "servers": [s.info.to_json() for s in fleet.servers],
+                     **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
+    if chunking is not None:
+        summary.chunking = ChunkTally()
+        summary.tokenizer = chunking.source.label
+    # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
+    try:
+        quantization = output_quantization(job.output.vector_type, manifest, pending, job.corpus_options(),
+                                           chunking, senders, reporter)
+    finally:
+        if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
+            summary.chunking.add_tokenize(chunking.source.release())
+    moved = index_moved_texts(store, manifest) if _moved_lookup(job, manifest) else None
+    dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
+    corpus = job.corpus_options()
+    options = {**job.vector_options(), "model": fleet.model_id}
+    if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep their hashes)
+        options["kind"] = KIND_SPARSE
+    metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
+    hash_options = options
+    if chunking is not None:  # a chunk's hash covers the chunking options too
+        metadata["chunking"] = chunking_info(chunking, job)
+        hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
+    schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type, quantization=quantization,
+                          keep_float=job.output.keep_float,
+                          kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
+                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text,
+                          sparse=fleet.sparse)
+    return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
+                        write=WriteOptions(job.output.compression, job.output.row_group_size),
+                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
+                        chunking=chunking, deduplicate=job.corpus.deduplicate, dedup=dedup, moved=moved)
 
 
 def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,
@@ -352,83 +326,8 @@ def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: Embed
         return connect(endpoints, options, requested_route=fleet.route, expected_model=job.model.id,
                        api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
 
-    meet = meet_replacements(meet_one, lambda server: _limits(job, server), fleet.model_id, fleet.dimension)
+    meet = meet_replacements(meet_one, lambda server: server_limits(job, server), fleet.model_id, fleet.dimension)
     return ServerWatch(provider, senders, meet, reporter, summary)
-
-
-def _server_plans(job: JobSpec, servers: ServersMet) -> list[ServerPlan]:
-    return [ServerPlan(s.endpoint, _limits(job, s)) for s in servers.servers]
-
-
-def _start_wave(wave: FirstWave, first: FirstTexts, senders: Callable[[], Sequence[SenderRef]], servers: ServersMet,
-                options: EmbedOptions, job: JobSpec) -> None:
-    """Start the wave (it connects now and sends once told the vector size): each request back is told
-    to its server's sender, each chunk done to the sender its head start chunk went to. ``senders``:
-    the senders as planned before the probe (they are started while the wave connects)."""
-
-    def owner(url: str) -> Any:
-        return next(s.actor for s in senders() if any(p.endpoint.url == url for p in s.plan.servers))
-
-    def landed(url: str, requests: int, inputs: int, seconds: float, first_sent: float, errors: dict[str, int]) -> None:
-        owner(url).others_landed.remote(url, requests, inputs, seconds, first_sent, errors)
-
-    def released(url: str, inputs: int) -> None:
-        owner(url).others_released.remote(url, inputs)
-
-    def deposit(key: int, result: EmbedResult) -> None:
-        senders()[first.sender_of(key)].actor.deposit.remote(key, result)
-
-    wave.start(options=options, request_timeout=job.client.request_timeout, model_id=servers.model_id,
-               api_key_env=job.servers.api_key_env, landed=landed, released=released, deposit=deposit)
-
-
-def _all_running(senders: Sequence[SenderRef]) -> Callable[[], bool]:
-    """Whether every one of ``senders`` is running (:meth:`SenderActor.running`): a look at futures, no call to Ray."""
-    running = [sender.actor.running.remote().future() for sender in senders]
-    return lambda: all(future.done() for future in running)
-
-
-def _start_warm_up(servers: Sequence[Endpoint], api_key_env: str | None, workers: int) -> tuple[list[Any], list[Any]]:
-    """Start the senders' processes (they connect to ``servers``) and ready ``workers`` shard workers.
-
-    Returns the sender actors, and what says the workers are ready.
-
-    Started before the servers are met, so that the slowest steps of the opening overlap it: an
-    actor's process start, and a worker's first task (Ray loads the function and its modules). Nothing waits for
-    the senders: the driver sends the first requests itself (``pipeline/first_wave.py``) and the
-    first texts wait in the senders' queues. The warm-up tasks are waited for before the first
-    shard task, so that their workers are free again for it. A sender that fails to start is found
-    by the first chunk sent to it.
-    """
-    actors = launch_senders(split_servers(servers), api_key_env)
-    for actor in actors:
-        actor.warm.remote()
-    warm = _as_shard_work(warm_worker)
-    return actors, [warm.remote() for _ in range(workers)]
-
-
-def _wait_warm_up(refs: list[Any]) -> None:
-    """Wait (at most ``WARM_UP_TIMEOUT_S``) for the warm-up calls ``refs``; one that failed is found later."""
-    ray.wait(refs, num_returns=len(refs), timeout=WARM_UP_TIMEOUT_S)
-
-
-def _workers_to_warm(one_machine: bool, shards: int) -> int:
-    """One worker on one machine, where the others start later (``pipeline/ramp.py``); else one per core."""
-    if one_machine:
-        return 1
-    return max(1, min(shards, os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1))))
-
-
-def _as_shard_work(function: Callable[..., Any]) -> Any:
-    """``function`` as a Ray task on the shard workers: one CPU, the run's task environment.
-
-    Warm-up and shard tasks share these options, or they would not share worker processes.
-    """
-    # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
-    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(function)
-    if crash_settings := task_environment():
-        task = task.options(runtime_env={"env_vars": crash_settings})
-    return task
 
 
 def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore, job: JobSpec) -> None:
@@ -452,39 +351,6 @@ def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore, jo
 def _moved_lookup(job: JobSpec, manifest: Manifest) -> bool:
     """Whether shards look their texts up by content hash in the whole earlier output (``pipeline/moved_texts.py``)."""
     return job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
-
-
-def _context(job: JobSpec, fleet: Fleet, kept: KeptFields | None, chunking: ChunkPlan | None,
-             quantization: Quantization, dedup: Dedup | None = None, moved: MovedTexts | None = None) -> ShardContext:
-    corpus = job.corpus_options()
-    options = {**job.vector_options(), "model": fleet.model_id}
-    if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep their hashes)
-        options["kind"] = KIND_SPARSE
-    metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
-    hash_options = options
-    if chunking is not None:  # a chunk's hash covers the chunking options too
-        metadata["chunking"] = chunking_info(chunking, job)
-        hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
-    schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type, quantization=quantization,
-                          keep_float=job.output.keep_float,
-                          kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
-                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text,
-                          sparse=fleet.sparse)
-    return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
-                        write=WriteOptions(job.output.compression, job.output.row_group_size),
-                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, deduplicate=job.corpus.deduplicate, dedup=dedup, moved=moved)
-
-
-def _limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
-    """What the job allows towards ``server``: its /info limits, lowered by the job's overrides."""
-    client = job.client
-    return ClientLimits.derive(
-        server.info,
-        max_batch_size=None if client.max_batch_size == "auto" else client.max_batch_size,
-        max_inflight_inputs=None if client.max_inflight_inputs == "auto" else client.max_inflight_inputs,
-        max_input_length=None if client.max_input_length == "auto" else client.max_input_length,
-        payload_limit=server.endpoint.payload_limit or client.payload_limit)
 
 
 def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard]) -> list[tuple[Shard, ...]]:
@@ -536,7 +402,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
 
     ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``).
     """
-    task = _as_shard_work(shard_task)
+    task = as_shard_work(shard_task)
     context_ref = ray.put(context)
     queue = list(reversed(tasks))
     in_flight = _tasks_in_flight(job, senders, queue)

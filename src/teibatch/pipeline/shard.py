@@ -16,16 +16,17 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import ray
 
 from teibatch.corpus import Document, Reject, Shard, read_shard
-from teibatch.crashpoints import crashpoint
+from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
@@ -126,9 +127,21 @@ def warm_worker() -> None:
 
     A worker's first task waits for Ray to load the function and, with it, this module
     and its imports: that loading is this task's whole work. The driver runs it as it meets the
-    servers (``pipeline/run.py``), so that the first shard tasks start at once on the same worker.
+    servers (``pipeline/opening.py``), so that the first shard tasks start at once on the same worker.
     The worker's priority is left alone: Ray may give the process to a sender next.
     """
+
+
+def as_shard_work(function: Callable[..., Any]) -> Any:
+    """``function`` (:func:`shard_task` or :func:`warm_worker`) as a Ray task: one CPU, the run's task environment.
+
+    Both share these options, or they would not share worker processes.
+    """
+    # Ray retries a task whose worker died (max_retries); an exception raised by the task is final.
+    task = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=False)(function)
+    if crash_settings := task_environment():
+        task = task.options(runtime_env={"env_vars": crash_settings})
+    return task
 
 
 def _portable(error: BaseException) -> BaseException:

@@ -2,7 +2,7 @@
 
 :class:`SenderActor` hosts one :class:`~teibatch.pipeline.senders.core.SenderCore` in Ray: it takes
 the sender's plan with every chunk (so a sender Ray restarts has it from its first one), and the
-driver's first wave (``pipeline/first_wave.py``) meets the sender here: its vectors, its holds on
+head start's requests (``pipeline/head_start_requests.py``) meets the sender here: its vectors, its holds on
 the servers' budgets and its requests, told before or after the sender has a plan.
 """
 
@@ -13,6 +13,7 @@ import contextlib
 import gc
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -25,10 +26,10 @@ from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import EmbedResult, tls_context
 
 MAX_SENDER_RESTARTS = 5
-# How long a chunk of the driver's first wave waits for the driver's vectors, in request timeouts (plus
+# How long a chunk of the head start's requests waits for the driver's vectors, in request timeouts (plus
 # a margin): the driver's requests have timed out by then, and the sender embeds the chunk itself.
-WAVE_WAIT_TIMEOUTS = 2
-WAVE_WAIT_MARGIN_S = 30.0
+DRIVER_WAIT_TIMEOUTS = 2
+DRIVER_WAIT_MARGIN_S = 30.0
 
 
 class SenderActor:
@@ -47,7 +48,7 @@ class SenderActor:
         self.clients = ServerClients()
         self._https = any(server.url.startswith("https:") for server in servers)
         self._probed = asyncio.Event()
-        # The driver's first wave: its vectors per chunk, and its requests back before this sender had a plan.
+        # The head start's requests: its vectors per chunk, and its requests back before this sender had a plan.
         self.restarted = _restarted()
         self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
         self._driver_early: list[Callable[[SenderCore], None]] = []  # what the driver said before the plan came
@@ -74,30 +75,34 @@ class SenderActor:
         """Take ``plan`` and connect to its servers (once), while the servers are probed or the first tasks start."""
         await self._core(plan).connect()
 
-    async def embed(self, texts: list[str], priority: float, plan: SenderPlan, wave: int | None = None) -> EmbedResult:
+    async def embed(self, texts: list[str], priority: float, plan: SenderPlan, key: int | None = None) -> EmbedResult:
         """Vectors for ``texts``.
 
-        ``wave``: the driver sends these texts itself (``pipeline/first_wave.py``); this sender takes
+        ``key``: the driver sends these texts itself (``pipeline/head_start_requests.py``); this sender takes
         its vectors and embeds only the texts it did not get.
         """
         core = self._core(plan)
         if core.dimension is None:
             await self._probed.wait()
-        if wave is not None and not self.restarted:
-            done = await self._deposit(wave, plan)
+        if key is not None and not self.restarted:
+            done = await self._deposit(key, plan)
             if done is not None:
                 return await core.embed_rest(texts, done, priority)
         return await core.embed(texts, priority)
 
-    async def deposit(self, wave: int, result: EmbedResult) -> None:
-        """The driver's vectors for the chunk sent with ``wave`` (``ok`` marks the texts it got)."""
-        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+    async def probed(self, plan: SenderPlan) -> None:
+        """``plan`` now has the vector size the servers' probe showed: the chunks waiting for it go now."""
+        self._core(plan)
+
+    async def deposit(self, key: int, result: EmbedResult) -> None:
+        """The driver's vectors for the chunk sent with ``key`` (``ok`` marks the texts it got)."""
+        future = self._deposits.setdefault(key, asyncio.get_running_loop().create_future())
         if not future.done():
             future.set_result(result)
 
     async def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
                             errors: dict[str, int]) -> None:
-        """What the driver's first wave did at ``url``, all of it back: counted in this sender's report."""
+        """What the head start's requests did at ``url``, all of it back: counted in this sender's report."""
         self._from_driver(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
 
     async def others_released(self, url: str, inputs: int) -> None:
@@ -118,15 +123,15 @@ class SenderActor:
         else:
             news(self.core)
 
-    async def _deposit(self, wave: int, plan: SenderPlan) -> EmbedResult | None:
-        """The driver's vectors for chunk ``wave``; None if they do not come in time (its requests timed out)."""
-        future = self._deposits.setdefault(wave, asyncio.get_running_loop().create_future())
+    async def _deposit(self, key: int, plan: SenderPlan) -> EmbedResult | None:
+        """The driver's vectors for chunk ``key``; None if they do not come in time (its requests timed out)."""
+        future = self._deposits.setdefault(key, asyncio.get_running_loop().create_future())
         try:
-            return await asyncio.wait_for(future, WAVE_WAIT_TIMEOUTS * plan.request_timeout + WAVE_WAIT_MARGIN_S)
+            return await asyncio.wait_for(future, DRIVER_WAIT_TIMEOUTS * plan.request_timeout + DRIVER_WAIT_MARGIN_S)
         except TimeoutError:
             return None
         finally:
-            self._deposits.pop(wave, None)
+            self._deposits.pop(key, None)
 
     async def stream_done(self, stream: str) -> None:
         """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
@@ -210,6 +215,14 @@ def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = No
     for actor, plan in zip(actors, plans, strict=True):
         actor.prepare.remote(plan)
     return [SenderRef(actor, plan) for actor, plan in zip(actors, plans, strict=True)]
+
+
+def probed_senders(senders: Sequence[SenderRef], dimension: int) -> list[SenderRef]:
+    """``senders`` (started with plans of no dimension yet) told the vector size the servers' probe showed."""
+    probed = [SenderRef(sender.actor, replace(sender.plan, dimension=dimension)) for sender in senders]
+    for sender in probed:
+        sender.actor.probed.remote(sender.plan)
+    return probed
 
 
 def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict[str, object]]:

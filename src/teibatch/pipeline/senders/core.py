@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -140,6 +139,11 @@ class SenderCore:
             self.streams.changed = self._pool.wake
         return self._pool, self._packer, self._admission
 
+    @property
+    def pool(self) -> EndpointPool:
+        """The pool of this sender's servers (set up on first use)."""
+        return self._start()[0]
+
     def probed(self, dimension: int) -> None:
         """Take the vector size the servers' probe showed: from now on every answer is checked against it."""
         if self.dimension is None:
@@ -179,7 +183,7 @@ class SenderCore:
 
     def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
                       errors: Mapping[str, int]) -> None:
-        """What the driver's first wave did at ``url`` (see :meth:`EndpointPool.others_landed`)."""
+        """What the head start's requests did at ``url`` (see :meth:`EndpointPool.others_landed`)."""
         pool, server = self._server(url)
         if server is not None:
             pool.others_landed(server, requests=requests, inputs=inputs, seconds=seconds, first_sent=first_sent,
@@ -209,7 +213,7 @@ class SenderCore:
         await self.clients.open([server.endpoint], min(server.limits.max_requests, CONNECTIONS_AHEAD),
                                 self.plan.api_key_env)
         pool.add(self._server_for(server))
-        self.plan = replace(self.plan, servers=(*self.plan.servers, server), held=())
+        self.plan = self.plan.with_server(server)
 
     def not_coming(self) -> None:
         """A replacement announced by :meth:`lose` will not come."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from teibatch.endpoint import Endpoint
@@ -37,8 +37,8 @@ class SenderPlan:
     connects to its servers, and the chunks sent with it (the driver's head start) wait in the
     sender until it has the probed plan.
 
-    ``held``: per server, in order, the inputs the driver's first wave may have in flight there
-    (``pipeline/first_wave.py``); empty when there is none.
+    ``held``: per server, in order, the inputs the head start's requests may have in flight there
+    (``pipeline/head_start_requests.py``); empty when there is none.
     """
 
     servers: tuple[ServerPlan, ...]
@@ -50,6 +50,14 @@ class SenderPlan:
     request_timeout: float = 60.0
     max_retries: int = 6
     held: tuple[int, ...] = ()
+
+    def holding(self, held: Mapping[str, int]) -> SenderPlan:
+        """This plan, saying the driver's requests may have ``held[url]`` inputs in flight at each server."""
+        return replace(self, held=tuple(held.get(p.endpoint.url, 0) for p in self.servers))
+
+    def with_server(self, server: ServerPlan) -> SenderPlan:
+        """This plan with ``server`` (a replacement) added to its servers; the driver holds nothing there."""
+        return replace(self, servers=(*self.servers, server), held=())
 
     @property
     def budget(self) -> int:
@@ -67,17 +75,9 @@ def sender_count(servers: int) -> int:
     return max(1, math.ceil(servers / SERVERS_PER_SENDER))
 
 
-def plan_senders(servers: Sequence[ServerPlan], *, route: str, embed: EmbedOptions, dimension: int | None,
-                 model_id: str | None, api_key_env: str | None, request_timeout: float,
-                 max_retries: int, held: Mapping[str, int] | None = None) -> list[SenderPlan]:
-    """One plan per sender, with its share of ``servers`` (:func:`split_servers`).
-
-    ``held``: per server URL, the inputs the driver's first wave may have in flight there.
-    """
-    held = held or {}
-    return [SenderPlan(tuple(own), route, embed, dimension, model_id, api_key_env, request_timeout, max_retries,
-                       tuple(held.get(p.endpoint.url, 0) for p in own) if held else ())
-            for own in split_servers(servers)]
+def plan_senders(whole: SenderPlan) -> list[SenderPlan]:
+    """``whole`` (the plan of every server of the run) split between senders (:func:`split_servers`)."""
+    return [replace(whole, servers=tuple(own)) for own in split_servers(whole.servers)]
 
 
 def split_servers(servers: Sequence[T]) -> list[Sequence[T]]:

@@ -1,4 +1,4 @@
-"""The driver's first wave: sent once, within every server's budget, shared with the senders without overlap."""
+"""The head start's requests: sent once, within every server's budget, shared with the senders without overlap."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -18,7 +18,7 @@ import yaml
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.first_wave import FirstWave, plan_first_wave
+from teibatch.pipeline.head_start_requests import HeadStartRequests, plan_head_start_requests
 from teibatch.pipeline.senders import actor as actor_module
 from teibatch.pipeline.senders.actor import SenderActor
 from teibatch.pipeline.senders.core import SenderCore
@@ -40,44 +40,48 @@ def server_plans(urls: list[str], *, batch: int = 4, inflight: int = 8, payload:
     return [ServerPlan(Endpoint(url), limits) for url in urls]
 
 
-def sender_plan(plans: list[ServerPlan], wave: FirstWave | None) -> SenderPlan:
-    (plan,) = plan_senders(plans, route="embed", embed=EmbedOptions(), dimension=384, model_id=None,
-                           api_key_env=None, request_timeout=30, max_retries=3,
-                           held=wave.held if wave is not None else None)
-    return plan
+def whole(servers: Sequence[ServerPlan], embed: EmbedOptions | None = None, dimension: int | None = None) -> SenderPlan:
+    """The plan of every server, as the driver builds it before the probe (``dimension``: after it)."""
+    return SenderPlan(tuple(servers), "embed", embed or EmbedOptions(), dimension, request_timeout=30, max_retries=3)
+
+
+def sender_plan(plans: list[ServerPlan], requests: HeadStartRequests | None) -> SenderPlan:
+    (plan,) = plan_senders(whole(plans, dimension=384))
+    return plan.holding(requests.held) if requests is not None else plan
 
 
 def texts(count: int, prefix: str = "text") -> list[str]:
     return [f"{prefix} {i} of the first shard" for i in range(count)]
 
 
-def test_the_wave_packs_the_first_texts_chunk_by_chunk_and_holds_each_servers_budget() -> None:
+def test_the_drivers_requests_pack_the_first_texts_chunk_by_chunk_and_holds_each_servers_budget() -> None:
     plans = server_plans(["http://127.0.0.1:9", "http://127.0.0.1:10"], batch=4, inflight=10)
-    wave = plan_first_wave(plans, "embed", EmbedOptions(), texts(100), chunk_size=8)
-    assert wave is not None
-    assert len(wave.chunks) == 13 and wave.keys[:3] == (0, 8, 16) and len(wave.chunks[-1]) == 4
-    assert [len(r.positions) for r in wave.requests] == [4] * 25
-    assert [r.chunk for r in wave.requests[:4]] == [0, 0, 1, 1]  # requests never cross a chunk
-    assert wave.held == {p.endpoint.url: 10 for p in plans}  # until it gives them back
+    requests = plan_head_start_requests(whole(plans, EmbedOptions()), texts(100), chunk_size=8)
+    assert requests is not None
+    assert len(requests.chunks) == 13 and requests.keys[:3] == (0, 8, 16) and len(requests.chunks[-1]) == 4
+    assert [len(r.positions) for r in requests.planned] == [4] * 25
+    assert [r.chunk for r in requests.planned[:4]] == [0, 0, 1, 1]  # requests never cross a chunk
+    assert requests.held == {p.endpoint.url: 10 for p in plans}  # until it gives them back
 
 
-def test_the_wave_leaves_to_the_senders_what_does_not_fit() -> None:
+def test_the_driver_leaves_to_the_senders_what_does_not_fit() -> None:
     plans = server_plans(["http://127.0.0.1:9"], batch=4, inflight=6, payload=200, max_input_chars=50)
     first = ["", "x" * 400, "short one", "another short one", "a third", "a fourth", "a fifth", "a sixth"]
-    wave = plan_first_wave(plans, "embed", EmbedOptions(truncate=False), first, chunk_size=8)
-    assert wave is not None
+    requests = plan_head_start_requests(whole(plans, EmbedOptions(truncate=False)), first, chunk_size=8)
+    assert requests is not None
     # The empty text and the one over the length limit are the senders' to reject; the other six go in a
     # request of four and one of two.
-    assert [r.positions for r in wave.requests] == [(2, 3, 4, 5), (6, 7)]
-    assert plan_first_wave(plans, "embed", EmbedOptions(truncate=False), first[:1], chunk_size=8) is None
+    assert [r.positions for r in requests.planned] == [(2, 3, 4, 5), (6, 7)]
+    assert plan_head_start_requests(whole(plans, EmbedOptions(truncate=False)), first[:1], chunk_size=8) is None
 
 
-def test_no_wave_without_texts() -> None:
-    assert plan_first_wave(server_plans(["http://127.0.0.1:9"]), "embed", EmbedOptions(), [], chunk_size=8) is None
+def test_no_driver_requests_without_texts() -> None:
+    plan = whole(server_plans(["http://127.0.0.1:9"]), EmbedOptions())
+    assert plan_head_start_requests(plan, [], chunk_size=8) is None
 
 
 class Landings:
-    """What the wave reports, handed over to the event loop that runs the sender, as the driver's Ray calls would."""
+    """What the driver reports, handed over to the event loop that runs the sender, as the driver's Ray calls would."""
 
     def __init__(self, core: SenderCore | None, loop: asyncio.AbstractEventLoop | None, chunks: int) -> None:
         self.core, self.loop = core, loop
@@ -87,9 +91,8 @@ class Landings:
         self.all_deposited = threading.Event()
         self.chunks = chunks
 
-    def start(self, wave: FirstWave) -> None:
-        wave.start(options=EmbedOptions(), request_timeout=30, model_id=None, api_key_env=None, landed=self.landed,
-                   released=self.release, deposit=self.deposit)
+    def start(self, requests: HeadStartRequests) -> None:
+        requests.start(whole(requests.servers), landed=self.landed, released=self.release, deposit=self.deposit)
 
     def landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
                errors: dict[str, int]) -> None:
@@ -113,7 +116,7 @@ class Landings:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("senders_running", [False, True])
-def test_wave_and_sender_together_never_exceed_the_budget_and_every_text_is_embedded_once(
+def test_driver_and_sender_together_never_exceed_the_budget_and_every_text_is_embedded_once(
         senders_running: bool) -> None:
     # Not running: the driver keeps the budget full until it has sent all its texts. Running from the start:
     # the driver sends nothing, gives the whole budget back, and the sender embeds every text itself.
@@ -121,24 +124,23 @@ def test_wave_and_sender_together_never_exceed_the_budget_and_every_text_is_embe
                         record_texts=True) as url:
         plans = server_plans([url])
         first = texts(64)
-        wave = plan_first_wave(plans, "embed", EmbedOptions(), first, chunk_size=32)
-        assert wave is not None and wave.held == {url: 8}
-        core = SenderCore(sender_plan(plans, wave))
+        requests = plan_head_start_requests(whole(plans, EmbedOptions()), first, chunk_size=32)
+        assert requests is not None and requests.held == {url: 8}
+        core = SenderCore(sender_plan(plans, requests))
 
         async def run() -> tuple[EmbedResult, list[EmbedResult], Landings]:
-            landings = Landings(core, asyncio.get_running_loop(), len(wave.chunks))
+            landings = Landings(core, asyncio.get_running_loop(), len(requests.chunks))
             try:
-                wave.watch(lambda: senders_running)
-                landings.start(wave)
-                wave.go(384)
+                landings.start(requests)
+                requests.go(384, lambda: senders_running)
                 # The sender sends its own texts at once: it has room only as the driver gives it back.
                 own = asyncio.ensure_future(core.embed(texts(40, "own")))
                 assert await asyncio.to_thread(landings.all_deposited.wait, WAIT_S)
-                chunks = [await core.embed_rest(list(wave.chunks[i]), landings.deposits[key])
-                          for i, key in enumerate(wave.keys)]
+                chunks = [await core.embed_rest(list(requests.chunks[i]), landings.deposits[key])
+                          for i, key in enumerate(requests.keys)]
                 return await own, chunks, landings
             finally:
-                wave.stop()
+                requests.stop()
                 await core.close()
 
         own, chunks, landings = asyncio.run(run())
@@ -158,13 +160,13 @@ def test_wave_and_sender_together_never_exceed_the_budget_and_every_text_is_embe
 @pytest.mark.timeout(60)
 def test_requests_the_server_refuses_are_left_to_the_senders() -> None:
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, fault_rate_503=1.0) as url:
-        wave = plan_first_wave(server_plans([url]), "embed", EmbedOptions(), texts(32), chunk_size=32)
-        assert wave is not None
+        requests = plan_head_start_requests(whole(server_plans([url]), EmbedOptions()), texts(32), chunk_size=32)
+        assert requests is not None
         landings = Landings(None, None, chunks=1)
-        landings.start(wave)
-        wave.go(384)
+        landings.start(requests)
+        requests.go(384, lambda: False)
         assert landings.all_deposited.wait(WAIT_S)
-        wave.stop()
+        requests.stop()
     # Each request sent once, none retried by the driver; the budget given back; every text the sender's.
     assert landings.calls == [(url, 0, 0, {"TeiUnavailable": 8})]
     assert landings.released == {url: 8}
@@ -173,7 +175,7 @@ def test_requests_the_server_refuses_are_left_to_the_senders() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("deposit_first", [True, False])
-def test_a_sender_answers_a_wave_chunk_with_the_drivers_vectors_and_embeds_the_rest(deposit_first: bool) -> None:
+def test_a_sender_answers_a_head_start_chunk_with_the_drivers_vectors_and_embeds_the_rest(deposit_first: bool) -> None:
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, record_texts=True) as url:
         plan = sender_plan(server_plans([url]), None)
         chunk = texts(8)
@@ -206,7 +208,7 @@ def test_a_sender_answers_a_wave_chunk_with_the_drivers_vectors_and_embeds_the_r
 @pytest.mark.timeout(60)
 def test_a_restarted_sender_or_one_that_never_gets_the_vectors_embeds_the_chunk_itself(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(actor_module, "WAVE_WAIT_MARGIN_S", 0.3)
+    monkeypatch.setattr(actor_module, "DRIVER_WAIT_MARGIN_S", 0.3)
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, record_texts=True) as url:
         plan = sender_plan(server_plans([url]), None)
         holding = dataclasses.replace(plan, held=(8,))  # the driver would hold the whole budget
@@ -239,13 +241,13 @@ def test_a_restarted_sender_or_one_that_never_gets_the_vectors_embeds_the_chunk_
 def test_a_run_sends_its_first_requests_from_the_driver_and_embeds_every_text_once(
         tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch) -> None:
     told: list[tuple[int, int]] = []
-    go = FirstWave.go
+    go = HeadStartRequests.go
 
-    def recording_go(wave: FirstWave, dimension: int) -> None:
-        told.append((sum(wave.held.values()), dimension))
-        go(wave, dimension)
+    def recording_go(requests: HeadStartRequests, dimension: int, senders_running: Callable[[], bool]) -> None:
+        told.append((sum(requests.held.values()), dimension))
+        go(requests, dimension, senders_running)
 
-    monkeypatch.setattr(FirstWave, "go", recording_go)
+    monkeypatch.setattr(HeadStartRequests, "go", recording_go)
     documents = [{"id": f"d{i}", "text": f"document {i} of the corpus"} for i in range(300)]
     write_jsonl(tmp_path / "corpus" / "part-0.jsonl", documents)
     with running_server(subprocess=True, max_client_batch_size=4, max_concurrent_requests=8, simulate_gpu=20_000,
@@ -266,16 +268,16 @@ def test_a_run_sends_its_first_requests_from_the_driver_and_embeds_every_text_on
 
 
 @pytest.mark.timeout(60)
-def test_a_wave_never_told_to_go_sends_nothing_and_stops_at_once() -> None:
-    # The probe failed (a wrong key, say): the run ends, and the wave with it, without a word.
+def test_driver_requests_never_told_to_go_sends_nothing_and_stops_at_once() -> None:
+    # The probe failed (a wrong key, say): the run ends, and the requests with it, without a word.
     with running_server(max_client_batch_size=4, max_concurrent_requests=8) as url:
-        wave = plan_first_wave(server_plans([url]), "embed", EmbedOptions(), texts(32), chunk_size=32)
-        assert wave is not None
+        requests = plan_head_start_requests(whole(server_plans([url]), EmbedOptions()), texts(32), chunk_size=32)
+        assert requests is not None
         landings = Landings(None, None, chunks=1)
-        landings.start(wave)
+        landings.start(requests)
         time.sleep(0.3)  # it opens its first connections meanwhile
         started = time.monotonic()
-        wave.stop()
+        requests.stop()
         stopped_in = time.monotonic() - started
         server = httpx.get(f"{url}/teibatch/stats", timeout=10).json()
     assert stopped_in < 1.0
