@@ -128,6 +128,6 @@ def test_too_long_documents_land_in_rejects_with_the_reason(tei: Start, tmp_path
     assert {k: v for k, v in stats["violations"].items() if k != "input_length"} == {
         "batch_size": 0, "payload": 0, "inflight": 0}
     # Each long document was found by bisecting its request of 4: three refused requests each. The
-    # head start's requests (the first 8 texts, in two requests) sent long-a once before, and is refused
-    # too, unless the server's injected 429 turned that request away first.
+    # driver's own requests (the first 8 texts, in two requests) sent long-a once before, and that is
+    # refused too, unless the server's injected 429 turned that request away first.
     assert stats["violations"]["input_length"] in (6, 7)

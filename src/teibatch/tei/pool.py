@@ -93,7 +93,7 @@ class Server:
                                         latency_factor=latency_factor)
         self.in_flight = 0
         self.requests_in_flight = 0
-        # Inputs another client (the head start's requests, ``pipeline/head_start_requests.py``) may have in flight
+        # Inputs another client (the driver's first requests, ``pipeline/head_start_requests.py``) may have in flight
         # here: they count against the window until that client gives them back.
         self.held = 0
         self.healthy = True

@@ -2,8 +2,9 @@
 
 :class:`SenderActor` hosts one :class:`~teibatch.pipeline.senders.core.SenderCore` in Ray: it takes
 the sender's plan with every chunk (so a sender Ray restarts has it from its first one), and the
-head start's requests (``pipeline/head_start_requests.py``) meets the sender here: its vectors, its holds on
-the servers' budgets and its requests, told before or after the sender has a plan.
+driver's own first requests (``pipeline/head_start_requests.py``) meet the sender here: their
+vectors, their holds on the servers' budgets and their stats, told before or after the sender has
+a plan.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import EmbedResult, tls_context
 
 MAX_SENDER_RESTARTS = 5
-# How long a chunk of the head start's requests waits for the driver's vectors, in request timeouts (plus
+# How long a chunk of the driver's own requests waits for the driver's vectors, in request timeouts (plus
 # a margin): the driver's requests have timed out by then, and the sender embeds the chunk itself.
 DRIVER_WAIT_TIMEOUTS = 2
 DRIVER_WAIT_MARGIN_S = 30.0
@@ -48,7 +49,7 @@ class SenderActor:
         self.clients = ServerClients()
         self._https = any(server.url.startswith("https:") for server in servers)
         self._probed = asyncio.Event()
-        # The head start's requests: its vectors per chunk, and its requests back before this sender had a plan.
+        # The driver's own requests: their vectors per chunk, and what the driver said before this sender had a plan.
         self.restarted = _restarted()
         self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
         self._driver_early: list[Callable[[SenderCore], None]] = []  # what the driver said before the plan came
@@ -102,7 +103,7 @@ class SenderActor:
 
     async def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
                             errors: dict[str, int]) -> None:
-        """What the head start's requests did at ``url``, all of it back: counted in this sender's report."""
+        """What the driver's own requests did at ``url``, all of it back: counted in this sender's report."""
         self._from_driver(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
 
     async def others_released(self, url: str, inputs: int) -> None:
