@@ -235,12 +235,7 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         else:
             status = seen.status if seen else "unknown"
             item.error = f"not running within servers.startup_timeout ({self.startup_timeout:.0f}s; status {status})"
-        try:
-            self._rental.terminate(item)
-        except FleetError as exc:
-            self._rental.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
-            return False
-        self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
+        self._rental.give_back(item)
         return False
 
     def _prepare(self, item: Rented, deadline: float) -> str | None:
@@ -301,8 +296,5 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         """The provider of a recorded run (for ``teibatch fleet sweep``): its instances as recorded."""
         provider = cls(api, count=0, want=GpuWant(), model_id=None, ledger=ledger)
         provider.run_id = str(record["run_id"])
-        provider._rental = rental = Rental(api, ledger, provider.run_id)
-        for name, entry in record.get("instances", {}).items():
-            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
-                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+        provider._rental = Rental.from_record(api, ledger, record)
         return provider

@@ -119,6 +119,15 @@ class Rental:
         self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
         self._next = 0                        # the number in the next instance's name
 
+    @classmethod
+    def from_record(cls, api: CloudApi, ledger: Ledger, record: Mapping[str, Any]) -> Rental:
+        """The rental of a recorded run (for ``teibatch fleet sweep``): its instances as the ledger last shows them."""
+        rental = cls(api, ledger, str(record["run_id"]))
+        for name, entry in record.get("instances", {}).items():
+            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
+                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+        return rental
+
     @property
     def prefix(self) -> str:
         return f"{NAME_PREFIX}{self.run_id}-"
@@ -256,6 +265,17 @@ class Rental:
                 raise TeardownIncomplete(f"{self.api.name}: {item.name} ({item.id}) still {status} "
                                          f"{timeout:.0f}s after terminate; `teibatch fleet sweep` retries")
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+
+    def give_back(self, item: Rented) -> FleetError | None:
+        """Terminate an instance that will not serve, recorded with why (``item.error``): destroyed, or
+        unknown when the terminate failed; that failure is returned (teardown tries again)."""
+        try:
+            self.terminate(item)
+        except FleetError as exc:
+            self.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
+            return exc
+        self.note(item.name, InstanceState.DESTROYED, error=item.error)
+        return None
 
     def taken_back(self, names: list[str]) -> list[tuple[Rented, str]]:
         """Which of the serving instances ``names`` the cloud took back, and its word for it: those it

@@ -221,13 +221,9 @@ class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
     def _give_back(self, item: Rented) -> None:
         """Terminate a VM that will not serve (its volume holds nothing the run needs)."""
         assert self._rental is not None
-        try:
-            self._rental.terminate(item)
-        except FleetError as exc:
-            log.error("%s: %s (teardown tries again)", item.name, exc)
-            self._rental.note(item.name, InstanceState.UNKNOWN, error=f"{item.error}; terminate: {exc}")
-            return
-        self._rental.note(item.name, InstanceState.DESTROYED, error=item.error)
+        failure = self._rental.give_back(item)
+        if failure is not None:
+            log.error("%s: %s (teardown tries again)", item.name, failure)
 
     # -- down, export, destroy -----------------------------------------------------------------------------
 
@@ -297,8 +293,5 @@ class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
         provider = cls(api, count=0, want=GpuWant(), ssh_key_name="", login=SshLogin(**config.get("ssh", {})),
                        remove_volume=bool(config.get("remove_volume", False)), ledger=ledger)
         provider.hosted.restore(record)
-        provider._rental = rental = Rental(api, ledger, provider.hosted.run_id or "")
-        for name, entry in record.get("instances", {}).items():
-            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
-                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+        provider._rental = Rental.from_record(api, ledger, record)
         return provider
