@@ -75,11 +75,11 @@ class ApiClient:
     """A JSON API with bearer authentication; closed means closed (use it as a context manager)."""
 
     def __init__(self, cloud: str, base_url: str, api_key: str, *, classify: Classifier,
-                 timeout: float = DEFAULT_API_TIMEOUT_S, transport: httpx.BaseTransport | None = None) -> None:
+                 timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
         self.cloud = cloud
         self.base_url = base_url
         self._classify = classify
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
+        self._http = httpx.Client(base_url=base_url, timeout=timeout,
                                   headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"})
 
     def __repr__(self) -> str:
@@ -94,14 +94,12 @@ class ApiClient:
     def close(self) -> None:
         self._http.close()
 
-    def call(self, method: str, path: str, *, what: str, json: Any = None, params: Mapping[str, str] | None = None,
-             missing_ok: bool = False, timeout: float | None = None) -> Any:
+    def call(self, method: str, path: str, *, what: str, json: Any = None, missing_ok: bool = False) -> Any:
         """Send one request and return its decoded JSON body (``None`` for a 404 or 410 when ``missing_ok``)."""
         try:
-            response = self._http.request(method, path, json=json, params=params,
-                                          timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            response = self._http.request(method, path, json=json)
         except httpx.TimeoutException:
-            seconds = timeout or self._http.timeout.read or 0.0
+            seconds = self._http.timeout.read or 0.0
             raise FleetTimeout(f"{self.cloud}: {what}: no answer within {seconds:.0f}s", what=what,
                                seconds=seconds) from None
         except httpx.HTTPError as exc:

@@ -72,8 +72,7 @@ class ContainerCloudProvider(Provider, ReplacesLost):
     def __init__(self, api: CloudApi, *, count: int, want: GpuWant, model_id: str | None, image: str | None = None,
                  server_args: tuple[str, ...] | list[str] = (), startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
                  max_replacements: int | None = None, payload_limit: int | None = None,
-                 ledger: Ledger | None = None, deadline_margin: float = DEADLINE_MARGIN_S,
-                 capacity: str | None = None) -> None:
+                 ledger: Ledger | None = None, capacity: str | None = None) -> None:
         self.api = api
         self.capacity = str(capacity or getattr(api, "capacity", "on-demand"))   # servers.capacity
         self.count = count
@@ -85,7 +84,6 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         self.max_replacements = count if max_replacements is None else max_replacements
         self.payload_limit = payload_limit
         self.ledger = ledger or Ledger()
-        self.deadline_margin = deadline_margin
         self.api_key = secrets.token_urlsafe(32)
         self.run_id: str | None = None
         self._rental: Rental | None = None
@@ -142,8 +140,7 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         self.ledger.begin(spec.run_id, provider=self.name, job=spec.job_name, export_to=spec.export_to,
                           config=self.ledger_config())
         self._rental = Rental(self.api, self.ledger, spec.run_id)
-        self._deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout
-                               + self.deadline_margin)
+        self._deadline_s = int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout + DEADLINE_MARGIN_S)
         reasons = self._fill(self.count, self.max_replacements)
         endpoints = self._endpoints()
         if not endpoints:

@@ -109,11 +109,11 @@ class Rented:
 class Rental:
     """The instances one run rents from one cloud, each recorded in the ledger before it is asked for."""
 
-    def __init__(self, api: CloudApi, ledger: Ledger, run_id: str, *, poll_s: float | None = None) -> None:
+    def __init__(self, api: CloudApi, ledger: Ledger, run_id: str) -> None:
         self.api = api
         self.ledger = ledger
         self.run_id = run_id
-        self.poll_s = POLL_S if poll_s is None else poll_s
+        self.poll_s = POLL_S
         self.rented: dict[str, Rented] = {}
         self.never_served = 0                 # instances given back because they never served, in all
         self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
