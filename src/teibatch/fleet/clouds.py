@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from teibatch.errors import FleetError, JobSpecError
@@ -42,9 +42,7 @@ class CloudEntry:
     in_ledger: str   # the ledger's state of it, or "missing"
 
     def to_json(self) -> dict[str, Any]:
-        return {"provider": self.provider, "run_id": self.run_id, "instance": self.instance,
-                "cloud_id": self.cloud_id, "status": self.status, "address": self.address,
-                "price_per_hour": self.price_per_hour, "in_ledger": self.in_ledger}
+        return asdict(self)
 
 
 def run_of(name: str) -> str | None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
+import shutil
 import tarfile
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 import orjson
@@ -54,11 +55,6 @@ def _relative(name: str) -> str:
     if posixpath.isabs(path) or path == ".." or path.startswith("../"):
         raise FleetError(f"refusing the path {name!r}: it leaves the volume")
     return path
-
-
-def _copy(source: IO[bytes], target: IO[bytes]) -> None:
-    while chunk := source.read(CHUNK):
-        target.write(chunk)
 
 
 def _digest(fs: Any, path: str) -> str:
@@ -97,7 +93,7 @@ def export_volume(shell: Shell, volume: str, url: str, *, timeout: float,
                 source = tar.extractfile(member)
                 assert source is not None
                 with fs.open(target, "wb") as out:
-                    _copy(source, out)
+                    shutil.copyfileobj(source, out, CHUNK)
                 sizes[rel] = member.size
             # tarfile stops at the end-of-archive marker, but tar pads its output to a whole record:
             # read it to the end, or tar dies of SIGPIPE (exit 141) when the pipe closes under it.

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 
 from teibatch.errors import GpuUnsupported
-from teibatch.fleet.catalog import ImageRow, fit_rule, image_table, model_sizes
+from teibatch.fleet.catalog import ImageRow, fit_rule, gpu_catalog, image_table, model_sizes
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,6 @@ def docker_run_command(spec: ContainerSpec) -> str:
 
 def gpu_table(platform: str = "x86_64") -> list[dict[str, object]]:
     """Every card of the GPU catalog with its architecture, image and status (for ``teibatch gpus``)."""
-    from teibatch.fleet.catalog import gpu_catalog
-
     rows: list[dict[str, object]] = []
     for card in gpu_catalog():
         gpu = GpuInfo(card.name, card.compute_capability, card.vram_gb * 1024)

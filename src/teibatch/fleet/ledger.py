@@ -16,7 +16,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,7 @@ class LedgerEntry:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "provider": self.provider, "instance": self.instance, "host": self.host,
-                "state": self.state.value, "updated": self.updated, "driver_alive": self.driver_alive,
-                "export": self.export, "error": self.error}
+        return {**asdict(self), "state": self.state.value}
 
 
 class Ledger:
@@ -116,7 +114,7 @@ class Ledger:
         """Merge ``fields`` into one instance's record; a new ``state`` is appended to its steps."""
         with self._edit(run_id) as record:
             entry = record.setdefault("instances", {}).setdefault(instance, {"steps": []})
-            entry.update({k: v for k, v in fields.items()})
+            entry.update(fields)
             if state is not None:
                 entry["state"] = state.value
                 entry["steps"].append({"state": state.value, "at": _now()})

@@ -10,7 +10,7 @@ may be destroyed. Sweeping again is harmless.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from teibatch.errors import ExportFailed, FleetError, JobSpecError
@@ -32,8 +32,7 @@ class SweepResult:
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "provider": self.provider, "instances": list(self.instances),
-                "action": self.action, "detail": self.detail}
+        return {**asdict(self), "instances": list(self.instances)}
 
 
 def sweep(ledger: Ledger | None = None, *, run_id: str | None = None, dry_run: bool = False,
