@@ -415,11 +415,30 @@ class HostedServers:
                 exported=bool((entry.get("export") or {}).get("verified"))))
 
 
-class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
-    """TEI containers on a fixed list of hosts, one per :class:`HostPlan` (providers ``ssh`` and ``local``
-    with Docker); ``options`` are :class:`HostedServers`'s."""
+class HostedProvider(Provider, ExportsVolumes, DestroysHosts):
+    """A provider whose servers are the :class:`HostedServers` it holds as ``hosted`` (providers ``ssh``,
+    ``local`` with Docker, and ``lambda``): what it does not add, ``hosted`` does."""
 
     capabilities = frozenset({Capability.LAUNCH, Capability.EXPORT, Capability.DESTROY, Capability.SWEEP})
+    hosted: HostedServers
+
+    def down(self) -> None:
+        self.hosted.down()
+
+    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
+                       timeout: float | None = None) -> list[str]:
+        return self.hosted.export_volumes(to, storage_options=storage_options, timeout=timeout)
+
+    def destroy(self, *, waive_export: bool = False) -> list[str]:
+        return self.hosted.destroy(waive_export=waive_export)
+
+    def instances(self) -> list[Instance]:
+        return self.hosted.instances()
+
+
+class ContainerProvider(HostedProvider):
+    """TEI containers on a fixed list of hosts, one per :class:`HostPlan` (providers ``ssh`` and ``local``
+    with Docker); ``options`` are :class:`HostedServers`'s."""
 
     def __init__(self, hosts: list[HostPlan], *, name: str, gpu: bool = True, **options: Any) -> None:
         self.name = name
@@ -452,19 +471,6 @@ class ContainerProvider(Provider, ExportsVolumes, DestroysHosts):
             reasons = "; ".join(f"{s.label}: {s.details.get('error', s.state.value)}" for s in servers)
             raise CapacityUnavailable(f"none of the {len(servers)} {self.name} servers became healthy: {reasons}")
         return endpoints
-
-    def down(self) -> None:
-        self.hosted.down()
-
-    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
-                       timeout: float | None = None) -> list[str]:
-        return self.hosted.export_volumes(to, storage_options=storage_options, timeout=timeout)
-
-    def destroy(self, *, waive_export: bool = False) -> list[str]:
-        return self.hosted.destroy(waive_export=waive_export)
-
-    def instances(self) -> list[Instance]:
-        return self.hosted.instances()
 
     @classmethod
     def from_ledger(cls, record: Mapping[str, Any], ledger: Ledger) -> ContainerProvider:

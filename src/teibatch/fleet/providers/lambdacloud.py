@@ -30,19 +30,10 @@ from typing import Any
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
-from teibatch.fleet.base import (
-    Capability,
-    DestroysHosts,
-    ExportsVolumes,
-    Instance,
-    InstanceState,
-    LaunchSpec,
-    Provider,
-    new_run_id,
-)
+from teibatch.fleet.base import InstanceState, LaunchSpec, new_run_id
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
-from teibatch.fleet.hosted import HostedServer, HostedServers, HostPlan
+from teibatch.fleet.hosted import HostedProvider, HostedServer, HostedServers, HostPlan
 from teibatch.fleet.ledger import Ledger, state_dir
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
@@ -128,7 +119,7 @@ class LambdaApi(CloudApi):
                           json={"instance_ids": [instance_id]}, missing_ok=True)
 
 
-class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
+class LambdaProvider(HostedProvider):
     """``count`` single-GPU VMs from Lambda Cloud, each serving TEI like an ``ssh`` host.
 
     A VM that is not active, not reachable or not healthy within ``startup_timeout`` is terminated and
@@ -140,7 +131,6 @@ class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
     """
 
     name = "lambda"
-    capabilities = frozenset({Capability.LAUNCH, Capability.EXPORT, Capability.DESTROY, Capability.SWEEP})
 
     def __init__(self, api: LambdaApi, *, count: int, want: GpuWant, ssh_key_name: str, login: SshLogin,
                  max_replacements: int | None = None, ledger: Ledger | None = None,
@@ -242,10 +232,6 @@ class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
                     self.hosted.note(server, InstanceState.DESTROYED)
         self.hosted.down()
 
-    def export_volumes(self, to: str, *, storage_options: Mapping[str, object] | None = None,
-                       timeout: float | None = None) -> list[str]:
-        return self.hosted.export_volumes(to, storage_options=storage_options, timeout=timeout)
-
     def _terminate_host(self, server: HostedServer) -> None:
         """Destroy ``server``'s host: terminate its VM (how ``hosted`` destroys a host here)."""
         assert self._rental is not None
@@ -282,9 +268,6 @@ class LambdaProvider(Provider, ExportsVolumes, DestroysHosts):
             raise TeardownIncomplete(f"run {self.hosted.run_id}: lambda instances may still run: "
                                      f"{'; '.join(problems)}; `teibatch fleet sweep` retries")
         return kept
-
-    def instances(self) -> list[Instance]:
-        return self.hosted.instances()
 
     @classmethod
     def restore(cls, record: Mapping[str, Any], ledger: Ledger, api: LambdaApi) -> LambdaProvider:
