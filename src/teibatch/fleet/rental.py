@@ -234,7 +234,7 @@ class Rental:
                 return
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
-    def terminate(self, item: Rented, *, timeout: float = TERMINATE_TIMEOUT_S) -> None:
+    def terminate(self, item: Rented) -> None:
         """Terminate ``item`` (found by name when its id was never learnt) and wait until the cloud says so."""
         if item.terminated:
             return
@@ -245,7 +245,7 @@ class Rental:
                 return
             item.id = found.id
             self.note(item.name, None, cloud_id=item.id)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + TERMINATE_TIMEOUT_S
         while True:
             try:
                 self.api.terminate(item.id)
@@ -263,7 +263,7 @@ class Rental:
             if time.monotonic() >= deadline:
                 status = seen.status or seen.state.value
                 raise TeardownIncomplete(f"{self.api.name}: {item.name} ({item.id}) still {status} "
-                                         f"{timeout:.0f}s after terminate; `teibatch fleet sweep` retries")
+                                         f"{TERMINATE_TIMEOUT_S:.0f}s after terminate; `teibatch fleet sweep` retries")
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
     def give_back(self, item: Rented) -> FleetError | None:
@@ -297,7 +297,7 @@ class Rental:
         """Every live instance of this run in the cloud, found by name (also those no call ever answered for)."""
         return [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
 
-    def terminate_all(self, *, timeout: float = TERMINATE_TIMEOUT_S, keep: Collection[str] = ()) -> list[str]:
+    def terminate_all(self, *, keep: Collection[str] = ()) -> list[str]:
         """Terminate every instance of the run (known ones, and any the cloud lists by name) but those named in
         ``keep``; return problems."""
         problems = []
@@ -312,7 +312,7 @@ class Rental:
             if item.terminated or item.name in keep:  # given back earlier in the run (and recorded then), or kept
                 continue
             try:
-                self.terminate(item, timeout=timeout)
+                self.terminate(item)
             except FleetError as exc:
                 problems.append(f"{item.name}: {exc}")
                 self.note(item.name, InstanceState.UNKNOWN, error=str(exc))
