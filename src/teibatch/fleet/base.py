@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,6 +42,14 @@ class InstanceState(str, Enum):
     LOST = "lost"            # taken back by the cloud mid-run (a spot instance preempted, an instance stopped)
     DESTROYED = "destroyed"  # container gone and every configured destroy step done
     UNKNOWN = "unknown"      # could not be found out (host unreachable): treat as still running
+
+    @classmethod
+    def recorded(cls, value: object) -> InstanceState:
+        """The state a ledger entry records as ``value``; ``UNKNOWN`` when it names none (or is missing)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
 
     @property
     def settled(self) -> bool:
@@ -202,7 +210,7 @@ def running(provider: Provider, spec: LaunchSpec | None = None) -> Iterator[list
         provider.down()
 
 
-def wait_healthy(url: str, deadline: float, *, alive: object = None) -> bool:
+def wait_healthy(url: str, deadline: float, *, alive: Callable[[], bool] | None = None) -> bool:
     """Poll ``url/health`` until it answers 200 or ``deadline`` (monotonic) passes.
 
     ``alive``, when given, is a callable returning False once the server process has died,
@@ -210,7 +218,7 @@ def wait_healthy(url: str, deadline: float, *, alive: object = None) -> bool:
     """
     with httpx.Client(timeout=2.0) as http:
         while time.monotonic() < deadline:
-            if callable(alive) and not alive():
+            if alive is not None and not alive():
                 return False
             try:
                 if http.get(f"{url}/health").status_code == 200:

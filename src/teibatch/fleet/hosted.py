@@ -405,10 +405,7 @@ class HostedServers:
                 continue
             plan = HostPlan(shell_from_record(entry.get("shell", {"kind": "local"})),
                             entry.get("destroy_command"), entry.get("gpu_index"))
-            try:
-                state = InstanceState(entry.get("state", "unknown"))
-            except ValueError:
-                state = InstanceState.UNKNOWN
+            state = InstanceState.recorded(entry.get("state"))
             self.servers.append(HostedServer(
                 name, plan, state=state, volume=entry.get("volume"), port=entry.get("port"),
                 launch_sent=bool(entry.get("launch_sent")) or state is InstanceState.UNKNOWN,

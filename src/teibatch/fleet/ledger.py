@@ -139,14 +139,10 @@ class Ledger:
         for record in self.runs():
             alive = driver_alive(record.get("driver", {}))
             for name, entry in record.get("instances", {}).items():
-                state = entry.get("state", InstanceState.UNKNOWN.value)
-                try:
-                    parsed = InstanceState(state)
-                except ValueError:
-                    parsed = InstanceState.UNKNOWN
                 entries.append(LedgerEntry(
                     run_id=record.get("run_id", "?"), provider=record.get("provider", "?"), instance=name,
-                    host=entry.get("host"), state=parsed, updated=entry.get("updated", ""), driver_alive=alive,
+                    host=entry.get("host"), state=InstanceState.recorded(entry.get("state")),
+                    updated=entry.get("updated", ""), driver_alive=alive,
                     export=(entry.get("export") or {}).get("url"), error=entry.get("error")))
         return entries
 
