@@ -97,6 +97,12 @@ class HostedServer:
     def label(self) -> str:
         return self.plan.shell.label
 
+    def close_tunnel(self) -> None:
+        """Close the tunnel to the server's port, if one is open."""
+        if self.tunnel is not None:
+            self.tunnel.close()
+            self.tunnel = None
+
 
 def container_name(run_id: str, index: int) -> str:
     return f"teibatch-{re.sub(r'[^A-Za-z0-9_.-]', '-', run_id)}-{index}"
@@ -255,9 +261,7 @@ class HostedServers:
     def down(self) -> None:
         """Close the tunnels and remove the run's containers, host by host (see :meth:`Provider.down`)."""
         for server in self.servers:
-            if server.tunnel is not None:
-                server.tunnel.close()
-                server.tunnel = None
+            server.close_tunnel()
         problems = []
         by_host: dict[str, list[HostedServer]] = {}
         for server in self.servers:

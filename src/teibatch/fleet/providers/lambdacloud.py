@@ -201,9 +201,7 @@ class LambdaProvider(HostedProvider):
         if server.state is InstanceState.HEALTHY:
             return True
         item.error = server.details.get("error", server.state.value)
-        if server.tunnel is not None:
-            server.tunnel.close()
-            server.tunnel = None
+        server.close_tunnel()
         self._give_back(item)
         server.state = InstanceState.DESTROYED
         return False
