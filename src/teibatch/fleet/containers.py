@@ -10,7 +10,7 @@ import shlex
 
 from teibatch.errors import RemoteCommandFailed
 from teibatch.fleet.images import CONTAINER_PORT, RUN_LABEL, ContainerSpec, docker_run_command
-from teibatch.fleet.shell import DEFAULT_COMMAND_TIMEOUT_S, Shell, redact
+from teibatch.fleet.shell import Shell, redact
 
 
 def launch(shell: Shell, spec: ContainerSpec, api_key: str, *, timeout: float) -> int:
@@ -35,10 +35,10 @@ def _label(run_id: str) -> str:
     return shlex.quote(f"label={RUN_LABEL}={run_id}")
 
 
-def list_run(shell: Shell, run_id: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S) -> dict[str, str]:
+def list_run(shell: Shell, run_id: str) -> dict[str, str]:
     """The containers of ``run_id`` on the host: name → state (``running``, ``exited``, ...)."""
     result = shell.run(f"docker ps -a --filter {_label(run_id)} --format '{{{{.Names}}}}\t{{{{.State}}}}'",
-                       what="docker ps", timeout=timeout)
+                       what="docker ps")
     found = {}
     for line in result.text.splitlines():
         name, _, state = line.strip().partition("\t")
@@ -47,12 +47,12 @@ def list_run(shell: Shell, run_id: str, *, timeout: float = DEFAULT_COMMAND_TIME
     return found
 
 
-def remove_run(shell: Shell, run_id: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S) -> None:
+def remove_run(shell: Shell, run_id: str) -> None:
     """Remove every container of ``run_id`` on the host (idempotent), then check that none is left."""
     label = _label(run_id)
     command = (f"ids=$(docker ps -aq --filter {label}) && {{ [ -z \"$ids\" ] || docker rm -f $ids >/dev/null; }} "
                f"&& docker ps -aq --filter {label}")
-    left = shell.run(command, what="docker rm", timeout=timeout).text.split()
+    left = shell.run(command, what="docker rm").text.split()
     if left:
         raise RemoteCommandFailed(f"docker rm -f left {len(left)} container(s) of run {run_id}",
                                   host=shell.label)
@@ -61,8 +61,7 @@ def remove_run(shell: Shell, run_id: str, *, timeout: float = DEFAULT_COMMAND_TI
 def logs_tail(shell: Shell, name: str, lines: int = 20) -> str:
     """The end of a container's log (secrets removed), or a note that it could not be read."""
     try:
-        result = shell.run(f"docker logs --tail {int(lines)} {shlex.quote(name)} 2>&1", what="docker logs",
-                           timeout=DEFAULT_COMMAND_TIMEOUT_S, check=False)
+        result = shell.run(f"docker logs --tail {int(lines)} {shlex.quote(name)} 2>&1", what="docker logs", check=False)
     except Exception as exc:  # a log is only a hint in a message that is already an error
         return f"(log unavailable: {exc})"
     return redact(result.text.strip(), shell.secrets) or "(empty log)"

@@ -63,12 +63,12 @@ def provider_for(servers: ServersSection, *, model_id: str | None, payload_limit
                          startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
 
 
-def api_key_from_env(servers: ServersSection, environ: dict[str, str] | None = None) -> str | None:
+def api_key_from_env(servers: ServersSection) -> str | None:
     """The API key named by ``servers.api_key_env``; a named but unset variable is a job error."""
     name = servers.api_key_env
     if not name:
         return None
-    value = (os.environ if environ is None else environ).get(name)
+    value = os.environ.get(name)
     if not value:
         raise JobSpecError(f"the environment variable {name} is not set; it should hold the servers' API key",
                            key="servers.api_key_env")
