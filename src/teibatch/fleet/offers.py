@@ -45,8 +45,9 @@ class Offer:
 
     @property
     def card(self) -> CloudCard | None:
-        """The GPU family of ``configs/clouds.yaml`` this offer's GPU belongs to."""
-        return card_of(self.gpu)
+        """The GPU family of ``configs/clouds.yaml`` this offer's GPU belongs to: the first card whose pattern
+        is found in ``gpu`` (case-insensitive)."""
+        return next((c for c in cloud_cards() if re.search(c.pattern, self.gpu, re.IGNORECASE)), None)
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,6 @@ class OfferChoice:
         for offer, reason in self.refused:
             reasons.setdefault(reason, []).append(offer.label)
         return "; ".join(f"{reason}: {', '.join(sorted(set(labels))[:6])}" for reason, labels in reasons.items())
-
-
-def card_of(gpu: str) -> CloudCard | None:
-    """The first card of ``configs/clouds.yaml`` whose pattern is found in ``gpu`` (case-insensitive)."""
-    return next((c for c in cloud_cards() if re.search(c.pattern, gpu, re.IGNORECASE)), None)
 
 
 def gpu_info(offer: Offer) -> GpuInfo | None:
