@@ -185,17 +185,17 @@ class ReplacesLost(ABC):
         the capacity ran out: the reasons are logged)."""
 
 
+#: the capabilities that come with methods, and the interface that declares them
+_INTERFACES: dict[Capability, type] = {Capability.EXPORT: ExportsVolumes, Capability.DESTROY: DestroysHosts,
+                                       Capability.REPLACE: ReplacesLost}
+
+
 def supports(provider: Provider, capability: Capability) -> bool:
     """Whether ``provider`` has ``capability`` (and the methods that go with it)."""
     if capability not in provider.capabilities:
         return False
-    if capability is Capability.EXPORT:
-        return isinstance(provider, ExportsVolumes)
-    if capability is Capability.DESTROY:
-        return isinstance(provider, DestroysHosts)
-    if capability is Capability.REPLACE:
-        return isinstance(provider, ReplacesLost)
-    return True
+    interface = _INTERFACES.get(capability)
+    return interface is None or isinstance(provider, interface)
 
 
 @contextmanager
