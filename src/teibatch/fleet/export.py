@@ -126,7 +126,7 @@ def read_manifest(url: str, storage_options: Mapping[str, Any] | None = None) ->
     fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     root = root.rstrip("/")
     if not fs.exists(f"{root}/{MANIFEST}"):
-        inner = sorted(p for p in fs.glob(f"{root}/*/{MANIFEST}"))
+        inner = sorted(fs.glob(f"{root}/*/{MANIFEST}"))
         if not inner:
             raise FleetError(f"{url} holds no export ({MANIFEST} not found there or one folder below)")
         root = posixpath.dirname(inner[0])
