@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from teibatch.errors import FleetError, FleetTimeout, HostKeyRejected, HostUnreachable, RemoteCommandFailed
+from teibatch.fleet.ledger import state_dir
 
 DEFAULT_COMMAND_TIMEOUT_S = 60.0
 LOGIN_RETRY_S = 2.0
@@ -213,8 +214,10 @@ class SshLogin:
     port: int = 22
     key_file: str | None = None
 
-    def target(self, address: str, known_hosts: Path) -> SshTarget:
+    def target(self, address: str, run_id: str) -> SshTarget:
         # A freshly rented VM has a host key nobody knows yet: accept it into this run's own known_hosts.
+        known_hosts = state_dir() / "known_hosts" / run_id
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
         return SshTarget(address=address, port=self.port, user=self.user,
                          key_file=str(Path(self.key_file).expanduser()) if self.key_file else None,
                          known_hosts=str(known_hosts), host_key_checking="accept-new")

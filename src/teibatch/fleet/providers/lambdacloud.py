@@ -34,7 +34,7 @@ from teibatch.fleet.base import InstanceState, LaunchSpec, new_run_id
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
 from teibatch.fleet.hosted import HostedProvider, HostedServer, HostedServers, HostPlan
-from teibatch.fleet.ledger import Ledger, state_dir
+from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rental, Rented
 from teibatch.fleet.shell import SshLogin, SshShell, wait_login
@@ -187,9 +187,7 @@ class LambdaProvider(HostedProvider):
                           f"status {status})")
             self._give_back(item)
             return False
-        known_hosts = state_dir() / "known_hosts" / f"{hosted.run_id}"
-        known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        shell = SshShell(self.login.target(seen.address, known_hosts))
+        shell = SshShell(self.login.target(seen.address, str(hosted.run_id)))
         server = hosted.add(item.name, HostPlan(shell))
         hosted.note(server, None, required=True, host=shell.label, shell=shell.record())
         # sshd starts a little after the API says active: wait until the VM takes a login

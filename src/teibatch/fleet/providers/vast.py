@@ -67,7 +67,7 @@ from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.export import export_volume, seed_volume
 from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
 from teibatch.fleet.images import CONTAINER_PORT, ImageChoice
-from teibatch.fleet.ledger import Ledger, state_dir
+from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import Capacity, GpuWant, Offer
 from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState, Rented
 from teibatch.fleet.shell import Shell, SshLogin, SshShell, redact, shell_from_record, wait_login
@@ -356,9 +356,7 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         assert isinstance(self.api, VastApi) and self._rental is not None
         seen = item.seen
         assert seen is not None and seen.address and item.id is not None
-        known_hosts = state_dir() / "known_hosts" / f"{self.run_id}"
-        known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        shell = SshShell(replace(self.login, port=seen.ports[SSH_PORT]).target(seen.address, known_hosts))
+        shell = SshShell(replace(self.login, port=seen.ports[SSH_PORT]).target(seen.address, str(self.run_id)))
         shell.secrets.append(self.api_key)
         try:
             if self.public_key:
