@@ -164,7 +164,8 @@ class LambdaProvider(HostedProvider):
         choice = choose_offers(self.api.offers(), self.want, hosted.model_id, image=hosted.image)
         if not choice.usable:
             raise CapacityUnavailable(f"lambda: no instance type this job can rent now: {choice.why_none()}")
-        reasons = rental.fill(self.count, choice.usable, self._create,
+        reasons = rental.fill(self.count, choice.usable,
+                              lambda name, offer: self.api.launch(name, offer, self.ssh_key_name),
                               lambda item: self._serve(item, spec, item.started + hosted.startup_timeout),
                               startup_timeout=hosted.startup_timeout, max_replacements=self.max_replacements)
         endpoints = hosted.endpoints()
@@ -173,9 +174,6 @@ class LambdaProvider(HostedProvider):
         if len(endpoints) < self.count:
             log.warning("lambda: going on with %d of %d servers: %s", len(endpoints), self.count, "; ".join(reasons))
         return endpoints
-
-    def _create(self, name: str, offer: Offer) -> str:
-        return self.api.launch(name, offer, self.ssh_key_name)
 
     def _serve(self, item: Rented, spec: LaunchSpec, deadline: float) -> bool:
         """Make an active VM serve TEI through the ``ssh`` path; give it back when it cannot."""
