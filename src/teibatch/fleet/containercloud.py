@@ -268,8 +268,7 @@ class ContainerCloudProvider(Provider, ReplacesLost):
 
     def _release(self) -> None:
         """Tell the ledger the driver is done with the run (what is left is for ``fleet sweep``)."""
-        if self._rental is None:
-            return
+        assert self._rental is not None  # down() and destroy() return before this when nothing was rented
         try:
             self.ledger.release(self._rental.run_id)
         except FleetError as exc:
