@@ -113,8 +113,7 @@ def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat, options: Corp
             records: int) -> tuple[list[tuple[Place, Row]], pa.Schema | None]:
     """Up to ``records`` rows of ``source`` with their places, and its schema when it is Parquet."""
     if fmt.name == "text":
-        content = read_text(root.fs, source.url, fmt, source.path, options.on_bad_file)
-        row: Row = content if isinstance(content, Malformed) else {options.text_field: content}
+        row = read_text(root.fs, source.url, fmt, source.path, options.text_field, options.on_bad_file)
         return [(Place(source.path), row)], None
     schema = None
     columns = None

@@ -149,9 +149,8 @@ def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
     """Each row's place, what it became, and whether its id field held an integer."""
     if shard.format == "text":
         for path in shard.sources:
-            content = read_text(root.fs, root.url(path), _format(options, shard, path), path,
-                                options.on_bad_file)
-            row = content if not isinstance(content, str) else {rules.text_field: content}
+            row = read_text(root.fs, root.url(path), _format(options, shard, path), path, rules.text_field,
+                            options.on_bad_file)
             yield Place(path), rules.to_item(row, Place(path)), False
         return
     if len(shard.sources) != 1:
