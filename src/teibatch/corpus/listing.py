@@ -41,7 +41,7 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class CorpusRoot:
-    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` for builtins).
+    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` and ``root`` empty for builtins).
 
     ``pattern`` is the fs-native path the user gave (a glob, a directory or a file); ``kind`` says
     which: ``"builtin"``, ``"file"``, ``"dir"`` or ``"glob"``.
@@ -54,8 +54,6 @@ class CorpusRoot:
 
     def url(self, relative: str) -> str:
         """The fs-native path of a source named relative to the root."""
-        if self.kind == "builtin":
-            return relative
         return posixpath.join(self.root, relative) if self.root else relative
 
     def relative(self, url: str) -> str:
