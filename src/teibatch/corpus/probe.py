@@ -115,11 +115,8 @@ def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat, options: Corp
     if fmt.name == "text":
         row = read_text(root.fs, source.url, fmt, source.path, options.text_field, options.on_bad_file)
         return [(Place(source.path), row)], None
-    schema = None
-    columns = None
-    if fmt.name == "parquet":
-        schema = parquet_schema(root.fs, source.url, source.path)
-        columns = DocumentRules.for_format(options, fmt.name).columns()
+    schema = parquet_schema(root.fs, source.url, source.path) if fmt.name == "parquet" else None
+    columns = DocumentRules.for_format(options, fmt.name).columns()  # only Parquet reads by column
     reading = iter_rows(root.fs, source.url, fmt, source.path, 0, records, columns=columns,
                         on_bad_file=options.on_bad_file)
     with contextlib.closing(reading):
