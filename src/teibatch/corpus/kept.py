@@ -238,8 +238,10 @@ def merge(a: Inferred, b: Inferred) -> Inferred:
 
 def _finish(kind: Inferred) -> Inferred:
     """``kind`` made writable: nothing known is string; a struct with no member cannot be a column."""
-    if isinstance(kind, _Mixed) or pa.types.is_null(kind):
-        return kind if isinstance(kind, _Mixed) else pa.string()
+    if isinstance(kind, _Mixed):
+        return kind
+    if pa.types.is_null(kind):
+        return pa.string()
     if pa.types.is_list(kind):
         return _list_of(_finish(kind.value_type))
     if pa.types.is_struct(kind):
