@@ -180,8 +180,8 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 def _module_docs(name: str, tree: ast.Module) -> Iterator[dict[str, str]]:
     yield from _record(name, name, ast.get_docstring(tree, clean=False), "module")
     for node in _public_definitions(tree.body):
-        yield from _record(f"{name}:{node.name}", f"{name}.{node.name}", ast.get_docstring(node, clean=False),
-                           "docstring")
+        yield from _record(f"{name}:{node.name}", f"{name}.{node.name}",
+                           ast.get_docstring(node, clean=False), "docstring")
         if isinstance(node, ast.ClassDef):
             for member in _public_definitions(node.body, classes=False):
                 yield from _record(f"{name}:{node.name}.{member.name}", f"{name}.{node.name}.{member.name}",

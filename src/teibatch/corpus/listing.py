@@ -41,7 +41,8 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class CorpusRoot:
-    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` and ``root`` empty for builtins).
+    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` and ``root`` empty
+    for builtins).
 
     ``pattern`` is the fs-native path the user gave (a glob, a directory or a file); ``kind`` says
     which: ``"builtin"``, ``"file"``, ``"dir"`` or ``"glob"``.

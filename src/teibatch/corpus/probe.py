@@ -133,7 +133,8 @@ def _check(options: CorpusOptions, files: int, source: SourceFile, fmt: FileForm
                              "check corpus.format", file=name)
     records = [row for _, row in parsed]
     # the Parquet columns, else the keys seen (a text file's one record holds only the text field)
-    fields = tuple(schema.names) if schema is not None else tuple(dict.fromkeys(key for row in records for key in row))
+    fields = (tuple(schema.names) if schema is not None
+              else tuple(dict.fromkeys(key for row in records for key in row)))
     rules = DocumentRules.for_format(options, fmt.name)
     _require_fields(rules, fmt, records, schema, name, count)
     items = [rules.to_item(row, place) for place, row in rows]
