@@ -178,21 +178,14 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def _module_docs(name: str, tree: ast.Module) -> Iterator[dict[str, str]]:
-    record = _record(name, name, ast.get_docstring(tree, clean=False), "module")
-    if record:
-        yield record
+    yield from _record(name, name, ast.get_docstring(tree, clean=False), "module")
     for node in _public_definitions(tree.body):
-        yield from _definition_doc(f"{name}:{node.name}", f"{name}.{node.name}", node)
+        yield from _record(f"{name}:{node.name}", f"{name}.{node.name}",
+                           ast.get_docstring(node, clean=False), "docstring")
         if isinstance(node, ast.ClassDef):
             for member in _public_definitions(node.body, classes=False):
-                yield from _definition_doc(f"{name}:{node.name}.{member.name}",
-                                           f"{name}.{node.name}.{member.name}", member)
-
-
-def _definition_doc(doc_id: str, title: str, node: ast.AST) -> Iterator[dict[str, str]]:
-    record = _record(doc_id, title, ast.get_docstring(node, clean=False), "docstring")  # type: ignore[arg-type]
-    if record:
-        yield record
+                yield from _record(f"{name}:{node.name}.{member.name}", f"{name}.{node.name}.{member.name}",
+                                   ast.get_docstring(member, clean=False), "docstring")
 
 
 def _public_definitions(body: list[ast.stmt], *, classes: bool = True,
@@ -208,13 +201,13 @@ def _public_definitions(body: list[ast.stmt], *, classes: bool = True,
         yield node
 
 
-def _record(doc_id: str, title: str, doc: object, source: str) -> dict[str, str] | None:
+def _record(doc_id: str, title: str, doc: object, source: str) -> Iterator[dict[str, str]]:
+    """The record of one docstring; none when it is missing or shorter than :data:`MIN_DOC_CHARS`."""
     if not isinstance(doc, str):
-        return None
+        return
     text = _ADDRESS.sub("0x...", inspect.cleandoc(doc)).strip()
-    if len(text) < MIN_DOC_CHARS:
-        return None
-    return {"id": doc_id, "text": text, "source": source, "title": title}
+    if len(text) >= MIN_DOC_CHARS:
+        yield {"id": doc_id, "text": text, "source": source, "title": title}
 
 
 def _topics() -> Iterator[dict[str, str]]:
@@ -223,9 +216,7 @@ def _topics() -> Iterator[dict[str, str]]:
     except ImportError:  # some distributions strip pydoc_data
         return
     for name in sorted(table):
-        record = _record(f"topic:{name}", name, table[name], "topic")
-        if record:
-            yield record
+        yield from _record(f"topic:{name}", name, table[name], "topic")
 
 
 def stdlib_source() -> Iterator[dict[str, str]]:

@@ -17,9 +17,6 @@ from teibatch.errors import CorpusMismatch
 FORMAT_BUILTIN = "builtin"
 """The format of a builtin sample corpus's single pseudo-source (see ``builtin.py``)."""
 
-ROW_FORMATS = ("jsonl", "json", "parquet", "csv", FORMAT_BUILTIN)
-"""Formats with many documents per file: sharded by row ranges inside each file."""
-
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 """Compression suffixes (stripped before detection) and the fsspec codec that reads each."""
 

@@ -22,12 +22,8 @@ def content_hash(text: str, vector_options: Mapping[str, Any]) -> str:
     Equal texts under equal options hash equal; any change to an option changes every hash.
     Options must be JSON-encodable (strings, numbers, booleans, None, lists, dicts).
     """
-    digest = hashlib.blake2b(options_key(vector_options), digest_size=CONTENT_HASH_HEX // 2)
+    options = orjson.dumps(dict(vector_options), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    digest = hashlib.blake2b(options, digest_size=CONTENT_HASH_HEX // 2)
     digest.update(b"\0")
     digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
-
-
-def options_key(vector_options: Mapping[str, Any]) -> bytes:
-    """The canonical encoding of the vector options (compute once per run where that matters)."""
-    return orjson.dumps(dict(vector_options), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)

@@ -210,13 +210,9 @@ def type_of(value: Any) -> Inferred:
     if isinstance(value, str):
         return pa.string()
     if isinstance(value, list):
-        inner = reduce(merge, (type_of(item) for item in value), pa.null())
-        return MIXED if isinstance(inner, _Mixed) else pa.list_(inner)
+        return _list_of(reduce(merge, (type_of(item) for item in value), pa.null()))
     if isinstance(value, dict):
-        members = [(str(key), type_of(item)) for key, item in value.items()]
-        if any(isinstance(kind, _Mixed) for _, kind in members):
-            return MIXED
-        return pa.struct(members)  # type: ignore[arg-type]
+        return _struct_of([(str(key), type_of(item)) for key, item in value.items()])
     return MIXED
 
 
@@ -231,31 +227,38 @@ def merge(a: Inferred, b: Inferred) -> Inferred:
     if {a, b} == {pa.int64(), pa.float64()}:
         return pa.float64()
     if pa.types.is_list(a) and pa.types.is_list(b):
-        inner = merge(a.value_type, b.value_type)
-        return MIXED if isinstance(inner, _Mixed) else pa.list_(inner)
+        return _list_of(merge(a.value_type, b.value_type))
     if pa.types.is_struct(a) and pa.types.is_struct(b):
         members = {f.name: f.type for f in a}
         for f in b:
             members[f.name] = merge(members[f.name], f.type) if f.name in members else f.type
-        if any(isinstance(kind, _Mixed) for kind in members.values()):
-            return MIXED
-        return pa.struct(list(members.items()))
+        return _struct_of(list(members.items()))
     return MIXED
 
 
 def _finish(kind: Inferred) -> Inferred:
     """``kind`` made writable: nothing known is string; a struct with no member cannot be a column."""
-    if isinstance(kind, _Mixed) or pa.types.is_null(kind):
-        return kind if isinstance(kind, _Mixed) else pa.string()
+    if isinstance(kind, _Mixed):
+        return kind
+    if pa.types.is_null(kind):
+        return pa.string()
     if pa.types.is_list(kind):
-        inner = _finish(kind.value_type)
-        return MIXED if isinstance(inner, _Mixed) else pa.list_(inner)
+        return _list_of(_finish(kind.value_type))
     if pa.types.is_struct(kind):
-        if not kind.num_fields:
-            return MIXED
-        members = [(f.name, _finish(f.type)) for f in kind]
-        return MIXED if any(isinstance(m, _Mixed) for _, m in members) else pa.struct(members)  # type: ignore[arg-type]
+        return _struct_of([(f.name, _finish(f.type)) for f in kind]) if kind.num_fields else MIXED
     return kind
+
+
+def _list_of(inner: Inferred) -> Inferred:
+    """A list of ``inner``, or ``MIXED`` when ``inner`` is."""
+    return MIXED if isinstance(inner, _Mixed) else pa.list_(inner)
+
+
+def _struct_of(members: list[tuple[str, Inferred]]) -> Inferred:
+    """A struct of ``members``, or ``MIXED`` when any of them is."""
+    if any(isinstance(kind, _Mixed) for _, kind in members):
+        return MIXED
+    return pa.struct(members)  # type: ignore[arg-type]
 
 
 def unfit(value: Any, kind: pa.DataType) -> str | None:

@@ -41,7 +41,8 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class CorpusRoot:
-    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` for builtins).
+    """Where a corpus lives: its filesystem and root directory (``fs`` is ``None`` and ``root`` empty
+    for builtins).
 
     ``pattern`` is the fs-native path the user gave (a glob, a directory or a file); ``kind`` says
     which: ``"builtin"``, ``"file"``, ``"dir"`` or ``"glob"``.
@@ -54,8 +55,6 @@ class CorpusRoot:
 
     def url(self, relative: str) -> str:
         """The fs-native path of a source named relative to the root."""
-        if self.kind == "builtin":
-            return relative
         return posixpath.join(self.root, relative) if self.root else relative
 
     def relative(self, url: str) -> str:
@@ -111,13 +110,13 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
     except STORAGE_ERRORS as exc:
         raise CorpusError(f"{options.path}: storage refused the listing: {exc}; check the storage's credentials "
                           "and corpus.storage_options") from exc
-    asked = _asked_prefixes(root) if root.kind == "glob" else ()
+    hidden = _hidden_prefixes(root)
     files = []
     for url, info in found.items():
         if info.get("type", "file") != "file":
             continue
         relative = root.relative(url)
-        if root.kind != "file" and (_is_hidden(relative, asked) or _is_excluded(relative, options.exclude)):
+        if root.kind != "file" and (_is_hidden(relative, hidden) or _is_excluded(relative, options.exclude)):
             continue
         files.append(SourceFile(relative, url, fingerprint(info), _size(info)))
     if not files:
@@ -158,15 +157,15 @@ def glob_root(pattern: str) -> str:
     return posixpath.dirname(pattern)
 
 
-def _asked_prefixes(root: CorpusRoot) -> tuple[str, ...]:
-    """Which of ``.``/``_`` the glob itself starts a component with (``data/_parts/*.jsonl``)."""
-    tail = root.pattern[len(root.root):].lstrip("/").split("/")
-    return tuple(char for char in "._" if any(part.startswith(char) for part in tail))
+def _hidden_prefixes(root: CorpusRoot) -> tuple[str, ...]:
+    """Which of ``.``/``_`` start a hidden file or folder: both, less those a glob itself starts a
+    component with (``data/_parts/*.jsonl``)."""
+    tail = root.pattern[len(root.root):].lstrip("/").split("/") if root.kind == "glob" else []
+    return tuple(char for char in "._" if not any(part.startswith(char) for part in tail))
 
 
-def _is_hidden(relative: str, asked: tuple[str, ...] = ()) -> bool:
-    hidden = tuple(char for char in "._" if char not in asked)
-    return bool(hidden) and any(part.startswith(hidden) for part in relative.split("/"))
+def _is_hidden(relative: str, hidden: tuple[str, ...]) -> bool:
+    return any(part.startswith(hidden) for part in relative.split("/"))
 
 
 def _is_excluded(relative: str, exclude: tuple[str, ...]) -> bool:

@@ -113,14 +113,10 @@ def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat, options: Corp
             records: int) -> tuple[list[tuple[Place, Row]], pa.Schema | None]:
     """Up to ``records`` rows of ``source`` with their places, and its schema when it is Parquet."""
     if fmt.name == "text":
-        content = read_text(root.fs, source.url, fmt, source.path, options.on_bad_file)
-        row: Row = content if isinstance(content, Malformed) else {options.text_field: content}
+        row = read_text(root.fs, source.url, fmt, source.path, options.text_field, options.on_bad_file)
         return [(Place(source.path), row)], None
-    schema = None
-    columns = None
-    if fmt.name == "parquet":
-        schema = parquet_schema(root.fs, source.url, source.path)
-        columns = DocumentRules.for_format(options, fmt.name).columns()
+    schema = parquet_schema(root.fs, source.url, source.path) if fmt.name == "parquet" else None
+    columns = DocumentRules.for_format(options, fmt.name).columns()  # only Parquet reads by column
     reading = iter_rows(root.fs, source.url, fmt, source.path, 0, records, columns=columns,
                         on_bad_file=options.on_bad_file)
     with contextlib.closing(reading):
@@ -136,12 +132,9 @@ def _check(options: CorpusOptions, files: int, source: SourceFile, fmt: FileForm
         raise CorpusMismatch(f"none of the first {count} records parses (first: {first}); "
                              "check corpus.format", file=name)
     records = [row for _, row in parsed]
-    if schema is not None:
-        fields = tuple(schema.names)
-    elif fmt.name == "text":
-        fields = (options.text_field,)
-    else:
-        fields = tuple(dict.fromkeys(key for row in records for key in row))
+    # the Parquet columns, else the keys seen (a text file's one record holds only the text field)
+    fields = (tuple(schema.names) if schema is not None
+              else tuple(dict.fromkeys(key for row in records for key in row)))
     rules = DocumentRules.for_format(options, fmt.name)
     _require_fields(rules, fmt, records, schema, name, count)
     items = [rules.to_item(row, place) for place, row in rows]

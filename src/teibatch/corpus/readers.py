@@ -108,9 +108,9 @@ def iter_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: st
         yield from _rejected_rest(exc, position, start, stop)
 
 
-def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str,
-              on_bad_file: str = ON_BAD_FILE_FAIL) -> str | Malformed:
-    """The whole content of a one-document file, or ``Malformed`` when it is not UTF-8.
+def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str, text_field: str,
+              on_bad_file: str = ON_BAD_FILE_FAIL) -> Row:
+    """A one-document file as a row, its whole content in ``text_field``; ``Malformed`` when it is not UTF-8.
 
     Compressed content that is corrupt raises ``CorpusMismatch`` (``on_bad_file: fail``) or is
     ``Malformed`` too (``reject``).
@@ -123,7 +123,7 @@ def read_text(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: st
             raise _bad_file(exc) from exc
         return Malformed(str(exc))
     try:
-        return data.decode("utf-8-sig")
+        return {text_field: data.decode("utf-8-sig")}
     except UnicodeDecodeError as exc:
         return Malformed(f"{name}: not UTF-8 text: {exc}")
 

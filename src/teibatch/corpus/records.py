@@ -12,17 +12,15 @@ DEFAULT_TEXT_FIELD = "text"
 
 FORMATS = ("auto", "jsonl", "json", "parquet", "csv", "text")
 
+# What a file that cannot be read to its end does: fail its shard (``CorpusMismatch``, the default),
+# or reject what cannot be read as ``malformed_record`` and keep the rows before it.
 ON_BAD_FILE_FAIL = "fail"
 ON_BAD_FILE_REJECT = "reject"
-ON_BAD_FILE = (ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT)
-"""What a file that cannot be read to its end does: fail its shard (``CorpusMismatch``, the default),
-or reject what cannot be read as ``malformed_record`` and keep the rows before it."""
 
+# How an output types its kept fields (``kept.py``): values keep their types, each field one type
+# for the whole output (the default); or values of JSON, CSV and builtin sources become text.
 KEEP_FIELDS_STRICT = "strict"
 KEEP_FIELDS_STRINGIFY = "stringify"
-KEEP_FIELDS_TYPES = (KEEP_FIELDS_STRICT, KEEP_FIELDS_STRINGIFY)
-"""How an output types its kept fields (``kept.py``): values keep their types, each field one type
-for the whole output (the default); or values of JSON, CSV and builtin sources become text."""
 
 
 @dataclass(frozen=True)

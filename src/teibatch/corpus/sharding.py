@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from collections.abc import Iterator, Sequence
 
 import orjson
@@ -50,32 +51,24 @@ def plan_shards(options: CorpusOptions) -> list[Shard]:
     root, sources = list_sources(options)
     formats = [detect_format(source.path, options.format) for source in sources]
     shards: list[Shard] = []
-    texts: list[SourceFile] = []  # a run of consecutive text files, cut every shard_docs files
     done = 0  # text files already in shards: a text shard's start
-
-    def flush_texts() -> None:
-        nonlocal done
-        if texts:
-            shards.append(_shard(options, texts, done, "text"))
-            done += len(texts)
-            texts.clear()
-
-    for source, fmt in zip(sources, formats, strict=True):
-        if fmt.name == "text":
-            texts.append(source)
-            if len(texts) == options.shard_docs:
-                flush_texts()
+    runs = itertools.groupby(zip(sources, formats, strict=True), key=lambda pair: pair[1].name == "text")
+    for text, run in runs:
+        if text:  # a run of consecutive text files, cut every shard_docs files
+            files = [source for source, _ in run]
+            for first in range(0, len(files), options.shard_docs):
+                shards.append(_shard(options, files[first:first + options.shard_docs], done + first, "text"))
+            done += len(files)
             continue
-        flush_texts()
-        try:
-            rows = count_rows(root.fs, source.url, fmt, source.path, options.on_bad_file)
-        except CorpusMismatch as exc:
-            shards.append(_shard(options, [source], 0, fmt.name, 0, BadFile.from_error(source.path, exc)))
-            continue
-        for start in range(0, rows, options.shard_docs):
-            stop = min(start + options.shard_docs, rows)
-            shards.append(_shard(options, [source], start, fmt.name, stop))
-    flush_texts()
+        for source, fmt in run:
+            try:
+                rows = count_rows(root.fs, source.url, fmt, source.path, options.on_bad_file)
+            except CorpusMismatch as exc:
+                shards.append(_shard(options, [source], 0, fmt.name, 0, BadFile.from_error(source.path, exc)))
+                continue
+            for start in range(0, rows, options.shard_docs):
+                stop = min(start + options.shard_docs, rows)
+                shards.append(_shard(options, [source], start, fmt.name, stop))
     return shards
 
 
@@ -156,9 +149,8 @@ def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
     """Each row's place, what it became, and whether its id field held an integer."""
     if shard.format == "text":
         for path in shard.sources:
-            content = read_text(root.fs, root.url(path), _format(options, shard, path), path,
-                                options.on_bad_file)
-            row = content if not isinstance(content, str) else {rules.text_field: content}
+            row = read_text(root.fs, root.url(path), _format(options, shard, path), path, rules.text_field,
+                            options.on_bad_file)
             yield Place(path), rules.to_item(row, Place(path)), False
         return
     if len(shard.sources) != 1:

@@ -84,10 +84,14 @@ def load_token_counter(model_id: str | None = None, *, path: str | Path | None =
     return HFTokenCounter(tokenizer)
 
 
-def _in_folder_or_file(path: Path, tried: list[str]) -> Path | None:
-    candidate = path / TOKENIZER_FILE if path.is_dir() else path
+def _tried(candidate: Path, tried: list[str]) -> Path | None:
+    """``candidate`` when it is a file, else ``None``; either way it is added to ``tried``."""
     tried.append(str(candidate))
     return candidate if candidate.is_file() else None
+
+
+def _in_folder_or_file(path: Path, tried: list[str]) -> Path | None:
+    return _tried(path / TOKENIZER_FILE if path.is_dir() else path, tried)
 
 
 def _in_cache(cache: Path, model_id: str, revision: str | None, tried: list[str]) -> Path | None:
@@ -96,13 +100,10 @@ def _in_cache(cache: Path, model_id: str, revision: str | None, tried: list[str]
     wanted = revision or DEFAULT_REVISION
     ref = repo / "refs" / wanted
     if ref.is_file():
-        candidate = snapshots / ref.read_text(encoding="utf-8").strip() / TOKENIZER_FILE
-        tried.append(str(candidate))
-        return candidate if candidate.is_file() else None
+        return _tried(snapshots / ref.read_text(encoding="utf-8").strip() / TOKENIZER_FILE, tried)
     named = snapshots / wanted / TOKENIZER_FILE
     if revision is not None or named.is_file():
-        tried.append(str(named))
-        return named if named.is_file() else None
+        return _tried(named, tried)
     tried.append(str(snapshots / "*" / TOKENIZER_FILE))
     found = sorted(snapshots.glob(f"*/{TOKENIZER_FILE}")) if snapshots.is_dir() else []
     return found[0] if len(found) == 1 else None
@@ -119,6 +120,4 @@ def _in_package(model_id: str, tried: list[str]) -> Path | None:
     except ImportError:
         tried.append(f"package {package} (not installed)")
         return None
-    candidate = Path(module.get_model_path()) / TOKENIZER_FILE
-    tried.append(str(candidate))
-    return candidate if candidate.is_file() else None
+    return _tried(Path(module.get_model_path()) / TOKENIZER_FILE, tried)
