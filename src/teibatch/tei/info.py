@@ -189,14 +189,10 @@ def _read_optional_text(data: dict[str, Any], key: str, server: str | None, repl
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """``"1.9.3"`` → ``(1, 9, 3)``; ``None`` for a missing or unparsable version."""
-    if not version:
+    pieces = (version or "").split("-")[0].split(".")[:3]
+    if not all(piece.isdigit() for piece in pieces):
         return None
-    parts = []
-    for piece in version.split("-")[0].split(".")[:3]:
-        if not piece.isdigit():
-            return None
-        parts.append(int(piece))
-    return tuple(parts)
+    return tuple(int(piece) for piece in pieces)
 
 
 @dataclass(frozen=True)
