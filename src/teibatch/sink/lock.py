@@ -69,11 +69,9 @@ class LockHolder:
 class OutputLock:
     """The lock of one output for one run: :meth:`acquire`, :meth:`check` before commits, :meth:`release`."""
 
-    def __init__(self, store: OutputStore, run_id: str, *, stale_after: float = STALE_AFTER_S,
-                 heartbeat: float = HEARTBEAT_S) -> None:
+    def __init__(self, store: OutputStore, run_id: str, *, heartbeat: float = HEARTBEAT_S) -> None:
         self.store = store
         self.run_id = run_id
-        self.stale_after = stale_after
         self.heartbeat = heartbeat
         self.took_over: LockHolder | None = None
         self._started_at = _now()
@@ -82,20 +80,19 @@ class OutputLock:
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`OutputLocked` naming the run that holds it."""
-        if self._create():
-            self._start_heartbeat()
-            return
-        holder = self.holder()
-        if holder is None:  # released between our create and our read: try once more
+        holder = None
+        for _ in range(2):  # released between our create and our read: try once more
             if self._create():
                 self._start_heartbeat()
                 return
             holder = self.holder()
+            if holder is not None:
+                break
         if holder is not None and not self._stale(holder):
             raise OutputLocked(
                 f"another teibatch run is writing {self.store.url}: {holder.describe()}, last heartbeat "
                 f"{holder.age_seconds():.0f}s ago; this run did nothing. Wait for it to finish, or, if it "
-                f"is dead on another machine, its lock is taken over {self.stale_after:.0f}s after its last "
+                f"is dead on another machine, its lock is taken over {STALE_AFTER_S:.0f}s after its last "
                 f"heartbeat (remove {self.store.url}/{LOCK} to take it over now)")
         self.store.remove(LOCK)
         if not self._create():
@@ -138,7 +135,7 @@ class OutputLock:
                 self.store.remove(LOCK)
 
     def _stale(self, holder: LockHolder) -> bool:
-        return holder.gone() or holder.age_seconds() > self.stale_after
+        return holder.gone() or holder.age_seconds() > STALE_AFTER_S
 
     def _record(self) -> bytes:
         holder = LockHolder(self.run_id, socket.gethostname(), os.getpid(), self._started_at, _now())

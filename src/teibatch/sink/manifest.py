@@ -100,13 +100,12 @@ class Manifest:
         """Replace ``_manifest.json`` atomically: a crash leaves the old one or the new one, whole."""
         if self.guard is not None:
             self.guard()
+        optional = {"options": self.options, "kept_fields": self.kept_fields, "quantization": self.quantization}
         blob = orjson.dumps({
             "format": MANIFEST_FORMAT, "job": self.job_name, "fingerprint": self.fingerprint,
             "info": self.info, "runs": self.runs, "updated_at": utc_now(), "planned": self.planned,
-            **({"options": self.options} if self.options is not None else {}),
             "shards": {sid: entry.to_json() for sid, entry in sorted(self.shards.items())},
-            **({"kept_fields": self.kept_fields} if self.kept_fields is not None else {}),
-            **({"quantization": self.quantization} if self.quantization is not None else {}),
+            **{key: value for key, value in optional.items() if value is not None},  # absent when None
         }, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
 
         def write(handle: IO[bytes]) -> None:

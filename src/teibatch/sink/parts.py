@@ -111,19 +111,18 @@ class VectorSchema:
                                             **({"keep_float": True} if self.keep_float else {})})}
 
     def arrow(self) -> pa.Schema:
-        fields = [pa.field("id", pa.string(), nullable=False), *self._vector_fields(),
-                  pa.field("content_hash", pa.string(), nullable=False),
-                  pa.field("truncated", pa.bool_(), nullable=False)]
-        fields += [pa.field(name, dtype, nullable=False) for name, dtype in self.chunk_columns]
-        fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
-        return pa.schema(fields, metadata=self._metadata())
+        return self._schema(self._vector_fields(), [("truncated", pa.bool_()), *self.chunk_columns])
 
     def documents_arrow(self) -> pa.Schema:
         """The documents part's schema (``chunking.document_vector``): ``id`` (the document's),
         ``embedding``, ``content_hash``, ``chunk_count``, the kept fields."""
-        fields = [pa.field("id", pa.string(), nullable=False), *self._embedding(),
-                  pa.field("content_hash", pa.string(), nullable=False),
-                  pa.field("chunk_count", pa.int32(), nullable=False)]
+        return self._schema(self._embedding(), [("chunk_count", pa.int32())])
+
+    def _schema(self, vector_fields: list[pa.Field], after_hash: list[tuple[str, pa.DataType]]) -> pa.Schema:
+        """``id``, ``vector_fields``, ``content_hash``, the ``after_hash`` columns, the kept fields (nullable)."""
+        fields = [pa.field("id", pa.string(), nullable=False), *vector_fields,
+                  pa.field("content_hash", pa.string(), nullable=False)]
+        fields += [pa.field(name, dtype, nullable=False) for name, dtype in after_hash]
         fields += [pa.field(name, dtype) for name, dtype in self.kept.items()]
         return pa.schema(fields, metadata=self._metadata())
 

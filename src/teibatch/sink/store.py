@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 import fsspec
@@ -121,13 +121,7 @@ class OutputStore:
 
     def list(self, relative_dir: str) -> list[str]:
         """Names of the files directly in ``relative_dir`` (empty when it does not exist)."""
-        # Other processes (shard tasks) write here: never answer from a cached listing.
-        self.fs.invalidate_cache()
-        try:
-            entries = self.fs.ls(self.path(relative_dir), detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(str(entry).rstrip("/").rpartition("/")[2] for entry in entries)
+        return sorted(str(entry).rstrip("/").rpartition("/")[2] for entry in self._ls(relative_dir, detail=False))
 
     def check_writable(self) -> None:
         """Write and remove a small probe file: an output that cannot be written is found before any work."""
@@ -151,13 +145,17 @@ class OutputStore:
 
     def sizes(self, relative_dir: str) -> dict[str, int]:
         """Bytes of each file directly in ``relative_dir``, by name (empty when it does not exist)."""
+        return {str(entry["name"]).rstrip("/").rpartition("/")[2]: int(entry.get("size") or 0)
+                for entry in self._ls(relative_dir, detail=True) if entry.get("type") == "file"}
+
+    def _ls(self, relative_dir: str, *, detail: bool) -> Sequence[Any]:
+        """The entries directly in ``relative_dir`` (``fs.ls``), none when it does not exist."""
+        # Other processes (shard tasks) write here: never answer from a cached listing.
         self.fs.invalidate_cache()
         try:
-            entries = self.fs.ls(self.path(relative_dir), detail=True)
+            return self.fs.ls(self.path(relative_dir), detail=detail)
         except FileNotFoundError:
-            return {}
-        return {str(entry["name"]).rstrip("/").rpartition("/")[2]: int(entry.get("size") or 0)
-                for entry in entries if entry.get("type") == "file"}
+            return []
 
 
 def _abandon(handle: Any) -> None:

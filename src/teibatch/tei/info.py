@@ -14,7 +14,7 @@ report; ``docs/client.md`` has the table.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -113,15 +113,7 @@ class ServerInfo:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model_id": self.model_id, "model_kind": self.model_kind, "pooling": self.pooling,
-            "max_client_batch_size": self.max_client_batch_size,
-            "max_concurrent_requests": self.max_concurrent_requests,
-            "max_input_length": self.max_input_length, "max_batch_tokens": self.max_batch_tokens,
-            "auto_truncate": self.auto_truncate, "version": self.version, "model_dtype": self.model_dtype,
-            "served_model_name": self.served_model_name, "max_batch_requests": self.max_batch_requests,
-            "replaced": dict(self.replaced),
-        }
+        return asdict(self)
 
     @property
     def supports_base64(self) -> bool:
@@ -197,14 +189,10 @@ def _read_optional_text(data: dict[str, Any], key: str, server: str | None, repl
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """``"1.9.3"`` → ``(1, 9, 3)``; ``None`` for a missing or unparsable version."""
-    if not version:
+    pieces = (version or "").split("-")[0].split(".")[:3]
+    if not all(piece.isdigit() for piece in pieces):
         return None
-    parts = []
-    for piece in version.split("-")[0].split(".")[:3]:
-        if not piece.isdigit():
-            return None
-        parts.append(int(piece))
-    return tuple(parts)
+    return tuple(int(piece) for piece in pieces)
 
 
 @dataclass(frozen=True)

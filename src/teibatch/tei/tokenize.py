@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -89,7 +89,7 @@ class TokenizeStats:
                              self.retries + other.retries)
 
     def to_json(self) -> dict[str, int]:
-        return {"requests": self.requests, "inputs": self.inputs, "retries": self.retries}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,12 @@ class RouteTokenCounter:
 
     ``endpoints`` serve the same model; ``limits`` are the smallest of theirs (inputs per request,
     payload limit, inputs in flight). ``prompt_name`` is the job's ``model.prompt_name``: its tokens
-    count with every input. ``transport`` replaces httpx's, for tests.
+    count with every input.
     """
 
-    def __init__(self, endpoints: Sequence[Endpoint], limits: ClientLimits, *,
-                 max_requests: int = DEFAULT_MAX_REQUESTS, prompt_name: str | None = None,
+    def __init__(self, endpoints: Sequence[Endpoint], limits: ClientLimits, *, prompt_name: str | None = None,
                  cuts: str = CUTS_NONE, timeout: float = DEFAULT_TIMEOUT_S,
-                 max_retries: int = DEFAULT_MAX_RETRIES, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 max_retries: int = DEFAULT_MAX_RETRIES) -> None:
         if not endpoints:
             raise ValueError("a /tokenize counter needs at least one server")
         if cuts not in CUTS:
@@ -126,11 +125,10 @@ class RouteTokenCounter:
         self.prompt_name = prompt_name
         self.max_retries = max_retries
         self._timeout = timeout
-        self._transport = transport
         self._batch_cap = max(1, min(limits.max_batch_size, limits.max_inflight_inputs))
         known = [e.payload_limit for e in endpoints if e.payload_limit is not None]
         self._payload_limit = min([limits.payload_limit, *known])
-        self._max_requests = max(1, min(max_requests, limits.max_inflight_inputs // self._batch_cap))
+        self._max_requests = max(1, min(DEFAULT_MAX_REQUESTS, limits.max_inflight_inputs // self._batch_cap))
         self._special_tokens: int | None = None
         self._requests = self._inputs = self._retries = 0
         self._turn = 0
@@ -172,8 +170,7 @@ class RouteTokenCounter:
     def counts(self, texts: Sequence[str]) -> list[int]:
         """Each text's tokens as the server counts them: special tokens and the prompt's included."""
         ask = _Ask(special=True, prompt_name=self.prompt_name)
-        empty = [i for i, text in enumerate(texts) if not text]
-        if empty and self._special_tokens is None:
+        if self._special_tokens is None and not all(texts):
             _ = self.special_tokens  # an empty text counts what the server adds to every input
         answers = self._call(self._tokenize(texts, ask))
         return [count if text else self._special_tokens or 0 for text, (count, _) in zip(texts, answers, strict=True)]
@@ -223,7 +220,7 @@ class RouteTokenCounter:
     async def _open(self) -> None:
         """The connection pool and the request slots, made on the loop that uses them."""
         urls = [e.url for e in self.endpoints]
-        self._http = httpx.AsyncClient(transport=self._transport, verify=tls_settings(*urls),
+        self._http = httpx.AsyncClient(verify=tls_settings(*urls),
                                        limits=httpx.Limits(max_connections=self._max_requests))
         self._clients = [TeiClient(e, self._http, timeout=self._timeout) for e in self.endpoints]
         self._slots = asyncio.Semaphore(self._max_requests)

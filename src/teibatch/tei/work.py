@@ -154,23 +154,22 @@ class WorkQueue:
         options = self.packer.options
         if not options.truncate and self.max_input_chars is not None and len(text) > self.max_input_chars:
             # TEI refuses it without tokenizing (its core/src/tokenization.rs: over max_input_length * 250 chars).
-            if options.on_too_long == ON_TOO_LONG_TRUNCATE:
-                self._alone(item)
-            else:
-                self.failures.append(Failure(
-                    position, FAILURE_TOO_LONG,
-                    f"{len(text)} characters; with truncation off TEI takes at most {self.max_input_chars} "
-                    "(max_input_length × 250)"))
+            self._too_long(item, FAILURE_TOO_LONG, f"{len(text)} characters; with truncation off TEI takes at most "
+                           f"{self.max_input_chars} (max_input_length × 250)")
             return None
         if not self.packer.fits_alone(encoded, self.payload_limit):
             if options.truncate:
                 return item  # cut by _shrink when it is taken, flagged truncated
-            if options.on_too_long == ON_TOO_LONG_TRUNCATE:
-                self._alone(item)
-                return None
-            self.failures.append(Failure(position, FAILURE_PAYLOAD, self._payload_detail(item, self.payload_limit)))
+            self._too_long(item, FAILURE_PAYLOAD, self._payload_detail(item, self.payload_limit))
             return None
         return item
+
+    def _too_long(self, item: Item, reason: str, detail: str) -> None:
+        """A text the servers would refuse: sent alone to be truncated (``on_too_long: truncate``), else failed."""
+        if self.packer.options.on_too_long == ON_TOO_LONG_TRUNCATE:
+            self._alone(item)
+        else:
+            self.failures.append(Failure(item.position, reason, detail))
 
     def _alone(self, item: Item) -> None:
         """Send ``item`` by itself with ``truncate: true`` (the job accepts truncated vectors)."""
