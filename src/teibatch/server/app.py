@@ -32,8 +32,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_ROUTES = frozenset({("GET", "/health"), ("GET", "/"), ("GET", "/ping"), ("GET", "/metrics"),
                            ("GET", "/teibatch/stats"), ("DELETE", "/teibatch/stats")})
 OPENAI_ROUTES = frozenset({"/v1/embeddings", "/embeddings"})
-INFERENCE_ROUTES = frozenset({"/embed", "/embed_all", "/embed_sparse", "/predict", "/rerank", "/similarity",
-                              "/embeddings", "/v1/embeddings", "/", "/invocations"})
 
 
 def route_of(request: web.Request) -> str | None:

@@ -28,7 +28,7 @@ from teibatch.server.responses import (
     backend,
     json_response,
 )
-from teibatch.server.state import ServerState, get_state
+from teibatch.server.state import STATE, ServerState
 from teibatch.server.validation import prepare_all
 
 
@@ -81,7 +81,7 @@ def _cut(vector: np.ndarray, dims: int, *, normalize: bool) -> np.ndarray:
 
 async def embed(request: web.Request) -> web.Response:
     """``POST /embed`` → ``[[f32, ...], ...]`` in input order."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit))
     outcome = await _embed(state, params, openai=False)
     return json_response(np.stack(outcome.results), headers=outcome.headers)
@@ -89,7 +89,7 @@ async def embed(request: web.Request) -> web.Response:
 
 async def openai_embed(request: web.Request) -> web.Response:
     """``POST /v1/embeddings`` and ``/embeddings``: OpenAI's shape, ``float`` or ``base64`` vectors."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_openai(await read_json(request, state.config.payload_limit))
     outcome = await _embed(state, params, openai=True)
     data = []
@@ -105,7 +105,7 @@ async def openai_embed(request: web.Request) -> web.Response:
 
 async def embed_sparse(request: web.Request) -> web.Response:
     """``POST /embed_sparse`` → per input ``[{"index", "value"}, ...]`` (SPLADE pooling only)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit), "EmbedSparseRequest")
     timer = RequestTimer(state, params.is_batch, "embed")
     state.check_batch_size(len(params.items))
@@ -124,7 +124,7 @@ async def embed_sparse(request: web.Request) -> web.Response:
 
 async def embed_all(request: web.Request) -> web.Response:
     """``POST /embed_all`` → per input, one vector per token (special tokens included)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit), "EmbedAllRequest")
     timer = RequestTimer(state, params.is_batch, "embed")
     state.check_batch_size(len(params.items))
@@ -143,7 +143,7 @@ async def embed_all(request: web.Request) -> web.Response:
 
 async def similarity(request: web.Request) -> web.Response:
     """``POST /similarity`` → cosine of each sentence with the source (batch size = sentences + 1)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_similarity(await read_json(request, state.config.payload_limit))
     if not params.sentences:
         raise ApiError("Empty", "`inputs.sentences` cannot be empty", metric="validation")

@@ -21,7 +21,7 @@ from teibatch.server.responses import (
     backend,
     json_response,
 )
-from teibatch.server.state import ServerState, get_state
+from teibatch.server.state import STATE, ServerState
 from teibatch.server.validation import Prepared, prepare, too_long
 
 LABEL = "LABEL_0"
@@ -47,7 +47,7 @@ def _prepare_pair(state: ServerState, query: str, text: str, truncate: bool | No
 
 async def rerank(request: web.Request) -> web.Response:
     """``POST /rerank`` → ``[{"index", "score", "text"?}]`` sorted by score, highest first."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_rerank(await read_json(request, state.config.payload_limit))
     if not params.texts:
         raise ApiError("Empty", "`texts` cannot be empty", metric="validation")
@@ -75,7 +75,7 @@ async def rerank(request: web.Request) -> web.Response:
 
 async def predict(request: web.Request) -> web.Response:
     """``POST /predict`` → ``[{"score", "label"}]`` per input (``[[...]]`` for a batch)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_predict(await read_json(request, state.config.payload_limit))
     if not params.inputs:
         raise ApiError("Empty", "`inputs` cannot be empty", metric="validation")

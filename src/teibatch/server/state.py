@@ -66,8 +66,3 @@ class ServerState:
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("teibatch_state", ServerState)
-
-
-def get_state(request: web.Request) -> ServerState:
-    """The state of the app serving ``request``."""
-    return request.app[STATE]
