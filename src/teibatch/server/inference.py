@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +85,19 @@ class RequestTimer:
             "x-inference-time": _ms(inference),
         }
         return Outcome(list(results), prepared, headers)
+
+
+@contextmanager
+def admit(state: ServerState, count: int, *, is_batch: bool, family: str) -> Iterator[RequestTimer]:
+    """Count the request, check its batch size, then hold one permit per input for the block.
+
+    In TEI's order: 422 for more than ``max_client_batch_size`` inputs, then 429 when not all
+    ``count`` permits are free.
+    """
+    timer = RequestTimer(state, is_batch, family)
+    state.check_batch_size(count)
+    with state.permits.hold(count):
+        yield timer
 
 
 def _ms(seconds: float) -> str:
