@@ -38,7 +38,6 @@ class Decision:
     error: str | None
     latency: bool
     hang: bool
-    number: int
 
 
 class FaultInjector:
@@ -66,7 +65,7 @@ class FaultInjector:
                 error = kind
                 break
         latency = self.random.random() < c.rate_latency
-        return Decision(error, latency, c.hang_after == self.requests, self.requests)
+        return Decision(error, latency, c.hang_after == self.requests)
 
     def after_answer(self) -> None:
         """Count an answered request; stop the server once ``exit_after`` are answered."""
