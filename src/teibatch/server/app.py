@@ -25,21 +25,13 @@ from teibatch.server.bodies import PayloadTooLargeError
 from teibatch.server.config import ServerConfig
 from teibatch.server.metrics import Metrics
 from teibatch.server.responses import ApiError, Rejection
-from teibatch.server.state import STATE, Permits, ServerState
+from teibatch.server.state import STATE, Permits, ServerState, route_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC_ROUTES = frozenset({("GET", "/health"), ("GET", "/"), ("GET", "/ping"), ("GET", "/metrics"),
                            ("GET", "/teibatch/stats"), ("DELETE", "/teibatch/stats")})
 OPENAI_ROUTES = frozenset({"/v1/embeddings", "/embeddings"})
-
-
-def route_of(request: web.Request) -> str | None:
-    """The matched route's path template, or None for an unknown path."""
-    match = request.match_info
-    if match.http_exception is not None or match.route.resource is None:
-        return None
-    return match.route.resource.canonical
 
 
 @web.middleware

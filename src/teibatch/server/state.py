@@ -65,3 +65,11 @@ class ServerState:
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("teibatch_state", ServerState)
+
+
+def route_of(request: web.Request) -> str | None:
+    """The matched route's path template, or None for an unknown path."""
+    match = request.match_info
+    if match.http_exception is not None or match.route.resource is None:
+        return None
+    return match.route.resource.canonical
