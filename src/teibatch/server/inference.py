@@ -50,7 +50,7 @@ class RequestTimer:
         """Call when every input is prepared."""
         self.tokenized = time.perf_counter()
 
-    async def run(self, op: str, prepared: list[Prepared], items: list[Item] | None = None,
+    async def run(self, op: str, prepared: list[Prepared], items: list[Item],
                   queries: list[str] | None = None) -> Outcome:
         """Queue ``prepared`` as ``op`` jobs, await all, count success and build the headers."""
         state = self.state
@@ -71,8 +71,7 @@ class RequestTimer:
             metrics.observe("te_request_input_length", p.tokens)
         metrics.inc("te_request_success", method=self.method)
         metrics.inc(f"te_{self.family}_success")
-        if items is not None:
-            metrics.embedded(items, sum(p.tokens for p in prepared))
+        metrics.embedded(items, sum(p.tokens for p in prepared))
         compute_type = "gpu+optimized" if state.config.simulate_gpu else "cpu"
         headers = {
             "x-compute-type": compute_type,
