@@ -23,15 +23,14 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def info_body(request: web.Request) -> dict[str, Any]:
-    """TEI's ``Info``, field for field, in its serde order."""
-    state = request.app[STATE]
-    config = state.config
+async def info(request: web.Request) -> web.Response:
+    """``GET /info``: TEI's ``Info``, field for field, in its serde order."""
+    config = request.app[STATE].config
     if config.model_kind == "reranker":
         model_type: dict[str, Any] = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     else:
         model_type = {"embedding": {"pooling": config.pooling}}
-    return {
+    return json_response({
         "model_id": config.model_id,
         "model_sha": config.revision,
         "model_dtype": "float32",
@@ -47,12 +46,7 @@ def info_body(request: web.Request) -> dict[str, Any]:
         "version": TEI_VERSION,
         "sha": None,
         "docker_label": None,
-    }
-
-
-async def info(request: web.Request) -> web.Response:
-    """``GET /info``."""
-    return json_response(info_body(request))
+    })
 
 
 async def tokenize(request: web.Request) -> web.Response:
