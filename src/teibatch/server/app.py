@@ -70,8 +70,8 @@ async def require_api_key(request: web.Request, handler: Handler) -> web.StreamR
     """401 with an empty body unless ``Authorization`` is exactly ``Bearer <key>`` (protected routes only)."""
     key = request.app[STATE].config.api_key
     route = route_of(request)
-    if key and route is not None and (request.method, route) not in PUBLIC_ROUTES \
-            and not (request.method == "HEAD" and ("GET", route) in PUBLIC_ROUTES) \
+    method = "GET" if request.method == "HEAD" else request.method  # HEAD is public where GET is
+    if key and route is not None and (method, route) not in PUBLIC_ROUTES \
             and request.headers.get("Authorization") != f"Bearer {key}":
         return web.Response(status=401)
     return await handler(request)
