@@ -25,23 +25,13 @@ from teibatch.server.bodies import PayloadTooLargeError
 from teibatch.server.config import ServerConfig
 from teibatch.server.metrics import Metrics
 from teibatch.server.responses import ApiError, Rejection
-from teibatch.server.state import STATE, Permits, ServerState
+from teibatch.server.state import STATE, Permits, ServerState, route_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC_ROUTES = frozenset({("GET", "/health"), ("GET", "/"), ("GET", "/ping"), ("GET", "/metrics"),
                            ("GET", "/teibatch/stats"), ("DELETE", "/teibatch/stats")})
 OPENAI_ROUTES = frozenset({"/v1/embeddings", "/embeddings"})
-INFERENCE_ROUTES = frozenset({"/embed", "/embed_all", "/embed_sparse", "/predict", "/rerank", "/similarity",
-                              "/embeddings", "/v1/embeddings", "/", "/invocations"})
-
-
-def route_of(request: web.Request) -> str | None:
-    """The matched route's path template, or None for an unknown path."""
-    match = request.match_info
-    if match.http_exception is not None or match.route.resource is None:
-        return None
-    return match.route.resource.canonical
 
 
 @web.middleware
@@ -80,8 +70,8 @@ async def require_api_key(request: web.Request, handler: Handler) -> web.StreamR
     """401 with an empty body unless ``Authorization`` is exactly ``Bearer <key>`` (protected routes only)."""
     key = request.app[STATE].config.api_key
     route = route_of(request)
-    if key and route is not None and (request.method, route) not in PUBLIC_ROUTES \
-            and not (request.method == "HEAD" and ("GET", route) in PUBLIC_ROUTES) \
+    method = "GET" if request.method == "HEAD" else request.method  # HEAD is public where GET is
+    if key and route is not None and (method, route) not in PUBLIC_ROUTES \
             and request.headers.get("Authorization") != f"Bearer {key}":
         return web.Response(status=401)
     return await handler(request)

@@ -8,8 +8,9 @@ Unknown fields are ignored, as TEI's request structs do not deny them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -29,6 +30,8 @@ DRAIN_LIMIT = 64 * 1024 * 1024
 
 Item = str | tuple[int, ...]
 """One input: a text, or token ids (a tuple, so it cannot be mistaken for a list of texts)."""
+
+T = TypeVar("T")
 
 
 class PayloadTooLargeError(Rejection):
@@ -126,10 +129,8 @@ class _Fields:
             raise data_error("", f"missing field `{name}`")
         return self.value[name]
 
-    def boolean(self, name: str, default: bool | None, *, nullable: bool = False) -> bool | None:
+    def boolean(self, name: str, default: bool) -> bool:
         value = self.value.get(name, default)
-        if value is None and (nullable or name not in self.value):
-            return default
         if not isinstance(value, bool):
             raise data_error(name, f"invalid type: {_describe(value)}, expected a boolean")
         return value
@@ -160,6 +161,11 @@ class _Fields:
             raise data_error(name, f"unknown variant `{value}`, expected {expected}")
         return accepted[value]
 
+    def truncation(self) -> tuple[bool | None, str]:
+        """``truncate`` (None when missing or null: the server's ``--auto-truncate``), then the direction."""
+        truncate = None if self.value.get("truncate") is None else self.boolean("truncate", False)
+        return truncate, self.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED)
+
 
 _DIRECTIONS = {"Left": "left", "left": "left", "Right": "right", "right": "right"}
 _DIRECTION_EXPECTED = "one of `Left`, `left`, `Right`, `right`"
@@ -180,16 +186,29 @@ def _input_type(value: Any) -> Item | None:
     return _ids(value)
 
 
-def parse_input(value: Any, name: str) -> tuple[list[Item], bool]:
-    """TEI's untagged ``Input``: (items, is_batch). ``[]`` is one empty token-id input, as in TEI."""
-    single = _input_type(value)
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _untagged(value: Any, name: str, enum: str, one: Callable[[Any], T | None],
+              element: Callable[[Any], T | None] | None = None) -> tuple[list[T], bool]:
+    """A serde untagged enum of one value or a list of them: (items, is_batch), else 422.
+
+    ``one`` reads a single value (None: not one); ``element`` reads a list's entries (default ``one``).
+    """
+    single = one(value)
     if single is not None:
         return [single], False
     if isinstance(value, list):
-        items = [_input_type(v) for v in value]
+        items = [(element or one)(v) for v in value]
         if all(item is not None for item in items):
             return [item for item in items if item is not None], True
-    raise data_error(name, "data did not match any variant of untagged enum Input")
+    raise data_error(name, f"data did not match any variant of untagged enum {enum}")
+
+
+def parse_input(value: Any, name: str) -> tuple[list[Item], bool]:
+    """TEI's untagged ``Input``: (items, is_batch). ``[]`` is one empty token-id input, as in TEI."""
+    return _untagged(value, name, "Input", _input_type)
 
 
 @dataclass(frozen=True)
@@ -211,12 +230,12 @@ def parse_embed(value: Any, struct: str = "EmbedRequest") -> EmbedParams:
     fields = _Fields(value, struct)
     items, is_batch = parse_input(fields.required("inputs"), "inputs")
     normalize = fields.boolean("normalize", True)
+    truncate, direction = fields.truncation()
     return EmbedParams(
         items=items, is_batch=is_batch,
-        truncate=fields.boolean("truncate", None, nullable=True),
-        direction=fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
+        truncate=truncate, direction=direction,
         prompt_name=fields.string("prompt_name"),
-        normalize=bool(normalize),
+        normalize=normalize,
         dimensions=fields.usize("dimensions"),
     )
 
@@ -259,12 +278,12 @@ def parse_rerank(value: Any) -> RerankParams:
     fields = _Fields(value, "RerankRequest")
     query = fields.string("query", required=True)
     texts = _string_list(fields.required("texts"), "texts")
+    truncate, direction = fields.truncation()
     return RerankParams(
         query=str(query), texts=texts,
-        truncate=fields.boolean("truncate", None, nullable=True),
-        direction=fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
-        raw_scores=bool(fields.boolean("raw_scores", False)),
-        return_text=bool(fields.boolean("return_text", False)),
+        truncate=truncate, direction=direction,
+        raw_scores=fields.boolean("raw_scores", False),
+        return_text=fields.boolean("return_text", False),
     )
 
 
@@ -281,15 +300,8 @@ class TokenizeParams:
 def parse_tokenize(value: Any) -> TokenizeParams:
     """A ``TokenizeRequest`` (``inputs``: a string or a list of strings)."""
     fields = _Fields(value, "TokenizeRequest")
-    inputs = fields.required("inputs")
-    if isinstance(inputs, str):
-        texts, is_batch = [inputs], False
-    elif isinstance(inputs, list) and all(isinstance(v, str) for v in inputs):
-        texts, is_batch = list(inputs), True
-    else:
-        raise data_error("inputs", "data did not match any variant of untagged enum TokenizeInput")
-    return TokenizeParams(texts, is_batch, bool(fields.boolean("add_special_tokens", True)),
-                          fields.string("prompt_name"))
+    texts, is_batch = _untagged(fields.required("inputs"), "inputs", "TokenizeInput", _text)
+    return TokenizeParams(texts, is_batch, fields.boolean("add_special_tokens", True), fields.string("prompt_name"))
 
 
 @dataclass(frozen=True)
@@ -304,16 +316,8 @@ class DecodeParams:
 def parse_decode(value: Any) -> DecodeParams:
     """A ``DecodeRequest`` (``ids``: ``[u32]`` or ``[[u32]]``; ``[]`` is one empty list)."""
     fields = _Fields(value, "DecodeRequest")
-    raw = fields.required("ids")
-    single = _ids(raw)
-    if single is not None:
-        ids, is_batch = [single], False
-    else:
-        batch = [_ids(v) for v in raw] if isinstance(raw, list) else [None]
-        if any(b is None for b in batch):
-            raise data_error("ids", "data did not match any variant of untagged enum InputIds")
-        ids, is_batch = [b for b in batch if b is not None], True
-    return DecodeParams(ids, is_batch, bool(fields.boolean("skip_special_tokens", True)))
+    ids, is_batch = _untagged(fields.required("ids"), "ids", "InputIds", _ids)
+    return DecodeParams(ids, is_batch, fields.boolean("skip_special_tokens", True))
 
 
 @dataclass(frozen=True)
@@ -335,22 +339,17 @@ def _sequence(value: Any) -> tuple[str, ...] | None:
     return None
 
 
+def _batch_sequence(value: Any) -> tuple[str, ...] | None:
+    """An entry of a batch: a text or pair as :func:`_sequence`, or a text in a list of one."""
+    return _sequence(value[0] if isinstance(value, list) and len(value) == 1 else value)
+
+
 def parse_predict(value: Any) -> PredictParams:
     """A ``PredictRequest``: ``"a"``, a pair ``["a", "b"]`` (one input!), or ``[["a"], ["a", "b"]]``."""
     fields = _Fields(value, "PredictRequest")
-    raw = fields.required("inputs")
-    single = _sequence(raw)
-    if single is not None:
-        inputs, is_batch = [single], False
-    else:
-        batch = [_sequence(v[0] if isinstance(v, list) and len(v) == 1 else v) for v in raw] \
-            if isinstance(raw, list) else [None]
-        if any(b is None for b in batch):
-            raise data_error("inputs", "data did not match any variant of untagged enum PredictInput")
-        inputs, is_batch = [b for b in batch if b is not None], True
-    return PredictParams(inputs, is_batch, fields.boolean("truncate", None, nullable=True),
-                         fields.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
-                         bool(fields.boolean("raw_scores", False)))
+    inputs, is_batch = _untagged(fields.required("inputs"), "inputs", "PredictInput", _sequence, _batch_sequence)
+    truncate, direction = fields.truncation()
+    return PredictParams(inputs, is_batch, truncate, direction, fields.boolean("raw_scores", False))
 
 
 @dataclass(frozen=True)
@@ -372,6 +371,5 @@ def parse_similarity(value: Any) -> SimilarityParams:
     sentences = _string_list(inputs.required("sentences"), "inputs.sentences")
     parameters = value.get("parameters")
     params = _Fields(parameters if parameters is not None else {}, "SimilarityParameters")
-    return SimilarityParams(str(source), sentences, params.boolean("truncate", None, nullable=True),
-                            params.choice("truncation_direction", "right", _DIRECTIONS, _DIRECTION_EXPECTED),
-                            params.string("prompt_name"))
+    truncate, direction = params.truncation()
+    return SimilarityParams(str(source), sentences, truncate, direction, params.string("prompt_name"))

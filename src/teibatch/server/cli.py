@@ -26,8 +26,7 @@ from teibatch.server.config import (
     DEFAULT_PAYLOAD_LIMIT,
     MODEL_KINDS,
     POOLINGS,
-    FaultConfig,
-    ServerConfig,
+    config_from_options,
 )
 
 EPILOG = """\b
@@ -118,10 +117,8 @@ def serve(**options: Any) -> None:
     ready_file = options.pop("ready_file")
     if options.pop("no_auto_truncate"):
         options["auto_truncate"] = False
-    fault_names = [name for name in list(options) if name.startswith("fault_")]
-    faults = {name[len("fault_"):]: options.pop(name) for name in fault_names}
     try:
-        config = ServerConfig(faults=FaultConfig(**faults), **options)
+        config = config_from_options(**options)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:

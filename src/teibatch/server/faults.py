@@ -23,6 +23,7 @@ from aiohttp import web
 from teibatch.server.config import FaultConfig
 from teibatch.server.metrics import Metrics
 from teibatch.server.responses import ApiError, backend, overloaded
+from teibatch.server.state import route_of
 
 INJECTED_BACKEND_ERROR = "Backend error: CUDA error: out of memory (injected by teibatch)"
 FAULT_ROUTES = frozenset({"/embed", "/embed_all", "/embed_sparse", "/predict", "/rerank", "/similarity",
@@ -38,7 +39,6 @@ class Decision:
     error: str | None
     latency: bool
     hang: bool
-    number: int
 
 
 class FaultInjector:
@@ -66,7 +66,7 @@ class FaultInjector:
                 error = kind
                 break
         latency = self.random.random() < c.rate_latency
-        return Decision(error, latency, c.hang_after == self.requests, self.requests)
+        return Decision(error, latency, c.hang_after == self.requests)
 
     def after_answer(self) -> None:
         """Count an answered request; stop the server once ``exit_after`` are answered."""
@@ -96,8 +96,7 @@ async def _drop_midway(request: web.Request, response: web.Response) -> web.Stre
 async def inject_faults(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Apply the next decision to an inference request; every other request passes untouched."""
     injector = request.app[FAULTS]
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else None
+    route = route_of(request)
     drawn = route in FAULT_ROUTES or (route == "/tokenize" and injector.config.tokenize)
     if not injector.config.enabled or request.method != "POST" or not drawn:
         return await handler(request)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +50,7 @@ class RequestTimer:
         """Call when every input is prepared."""
         self.tokenized = time.perf_counter()
 
-    async def run(self, op: str, prepared: list[Prepared], items: list[Item] | None = None,
+    async def run(self, op: str, prepared: list[Prepared], items: list[Item],
                   queries: list[str] | None = None) -> Outcome:
         """Queue ``prepared`` as ``op`` jobs, await all, count success and build the headers."""
         state = self.state
@@ -69,8 +71,7 @@ class RequestTimer:
             metrics.observe("te_request_input_length", p.tokens)
         metrics.inc("te_request_success", method=self.method)
         metrics.inc(f"te_{self.family}_success")
-        if items is not None:
-            metrics.embedded(items, sum(p.tokens for p in prepared))
+        metrics.embedded(items, sum(p.tokens for p in prepared))
         compute_type = "gpu+optimized" if state.config.simulate_gpu else "cpu"
         headers = {
             "x-compute-type": compute_type,
@@ -83,6 +84,19 @@ class RequestTimer:
             "x-inference-time": _ms(inference),
         }
         return Outcome(list(results), prepared, headers)
+
+
+@contextmanager
+def admit(state: ServerState, count: int, *, is_batch: bool, family: str) -> Iterator[RequestTimer]:
+    """Count the request, check its batch size, then hold one permit per input for the block.
+
+    In TEI's order: 422 for more than ``max_client_batch_size`` inputs, then 429 when not all
+    ``count`` permits are free.
+    """
+    timer = RequestTimer(state, is_batch, family)
+    state.check_batch_size(count)
+    with state.permits.hold(count):
+        yield timer
 
 
 def _ms(seconds: float) -> str:

@@ -17,8 +17,16 @@ import numpy as np
 from aiohttp import web
 
 from teibatch.server.backends.base import SPARSE_VOCAB_SIZE
-from teibatch.server.bodies import EmbedParams, parse_embed, parse_openai, parse_similarity, read_json
-from teibatch.server.inference import Outcome, RequestTimer
+from teibatch.server.bodies import (
+    EmbedParams,
+    Item,
+    SimilarityParams,
+    parse_embed,
+    parse_openai,
+    parse_similarity,
+    read_json,
+)
+from teibatch.server.inference import Outcome, RequestTimer, admit
 from teibatch.server.responses import (
     NOT_EMBEDDING_MODEL,
     NOT_SPLADE_MODEL,
@@ -28,7 +36,7 @@ from teibatch.server.responses import (
     backend,
     json_response,
 )
-from teibatch.server.state import ServerState, get_state
+from teibatch.server.state import STATE, ServerState
 from teibatch.server.validation import prepare_all
 
 
@@ -44,22 +52,30 @@ def _embedding_kind(state: ServerState, *, normalize: bool) -> str:
     return "embed" if normalize else "raw"
 
 
-async def _embed(state: ServerState, params: EmbedParams, *, openai: bool) -> Outcome:
+async def _prepare_and_run(state: ServerState, timer: RequestTimer, op: str, items: list[Item],
+                           params: EmbedParams | SimilarityParams, *, dimensions: int | None = None,
+                           dimension: int | None = None) -> Outcome:
+    """Prepare ``items`` with the request's truncation and prompt options, then queue them as ``op``.
+
+    ``dimensions`` and ``dimension`` are checked as :func:`~teibatch.server.validation.prepare_all` does.
+    """
+    prepared = prepare_all(items, tokenizer=state.backend.tokenizer, config=state.config,
+                           truncate=params.truncate, direction=params.direction, prompt_name=params.prompt_name,
+                           dimensions=dimensions, dimension=dimension)
+    timer.mark_tokenized()
+    return await timer.run(op, prepared, items=items)
+
+
+async def _embed(state: ServerState, params: EmbedParams) -> Outcome:
     """The dense-embedding flow shared by ``/embed`` and the OpenAI route; vectors as float32 rows."""
-    timer = RequestTimer(state, params.is_batch, "embed")
-    state.check_batch_size(len(params.items))
-    with state.permits.hold(len(params.items)):
+    with admit(state, len(params.items), is_batch=params.is_batch, family="embed") as timer:
         op = _embedding_kind(state, normalize=params.normalize)
         dimension = SPARSE_VOCAB_SIZE if op == "sparse" else state.backend.dimension
-        prepared = prepare_all(params.items, tokenizer=state.backend.tokenizer, config=state.config,
-                               truncate=None if openai else params.truncate, direction=params.direction,
-                               prompt_name=params.prompt_name, dimensions=params.dimensions,
-                               dimension=dimension)
-        timer.mark_tokenized()
         dims = params.dimensions
         if dims is not None and op == "embed":
             op = "raw"  # cut first, then normalize the cut vector (TEI's embed_pooled)
-        outcome = await timer.run(op, prepared, items=params.items)
+        outcome = await _prepare_and_run(state, timer, op, params.items, params, dimensions=dims,
+                                         dimension=dimension)
     vectors = [_densify(v) if op == "sparse" else np.asarray(v) for v in outcome.results]
     if dims is not None:
         vectors = [_cut(v, dims, normalize=params.normalize) for v in vectors]
@@ -81,17 +97,17 @@ def _cut(vector: np.ndarray, dims: int, *, normalize: bool) -> np.ndarray:
 
 async def embed(request: web.Request) -> web.Response:
     """``POST /embed`` → ``[[f32, ...], ...]`` in input order."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit))
-    outcome = await _embed(state, params, openai=False)
+    outcome = await _embed(state, params)
     return json_response(np.stack(outcome.results), headers=outcome.headers)
 
 
 async def openai_embed(request: web.Request) -> web.Response:
     """``POST /v1/embeddings`` and ``/embeddings``: OpenAI's shape, ``float`` or ``base64`` vectors."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_openai(await read_json(request, state.config.payload_limit))
-    outcome = await _embed(state, params, openai=True)
+    outcome = await _embed(state, params)
     data = []
     for i, vector in enumerate(outcome.results):
         embedding: Any = vector
@@ -105,18 +121,12 @@ async def openai_embed(request: web.Request) -> web.Response:
 
 async def embed_sparse(request: web.Request) -> web.Response:
     """``POST /embed_sparse`` → per input ``[{"index", "value"}, ...]`` (SPLADE pooling only)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit), "EmbedSparseRequest")
-    timer = RequestTimer(state, params.is_batch, "embed")
-    state.check_batch_size(len(params.items))
-    with state.permits.hold(len(params.items)):
+    with admit(state, len(params.items), is_batch=params.is_batch, family="embed") as timer:
         if state.config.model_kind != "embedding" or state.config.pooling != "splade":
             raise backend(NOT_SPLADE_MODEL)
-        prepared = prepare_all(params.items, tokenizer=state.backend.tokenizer, config=state.config,
-                               truncate=params.truncate, direction=params.direction,
-                               prompt_name=params.prompt_name)
-        timer.mark_tokenized()
-        outcome = await timer.run("sparse", prepared, items=params.items)
+        outcome = await _prepare_and_run(state, timer, "sparse", params.items, params)
     body = [[{"index": int(i), "value": float(v)} for i, v in zip(idx, values, strict=True)]
             for idx, values in outcome.results]
     return json_response(body, headers=outcome.headers)
@@ -124,41 +134,28 @@ async def embed_sparse(request: web.Request) -> web.Response:
 
 async def embed_all(request: web.Request) -> web.Response:
     """``POST /embed_all`` → per input, one vector per token (special tokens included)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_embed(await read_json(request, state.config.payload_limit), "EmbedAllRequest")
-    timer = RequestTimer(state, params.is_batch, "embed")
-    state.check_batch_size(len(params.items))
-    with state.permits.hold(len(params.items)):
+    with admit(state, len(params.items), is_batch=params.is_batch, family="embed") as timer:
         if state.config.model_kind != "embedding":
             raise backend(NOT_EMBEDDING_MODEL)
         if state.config.pooling == "splade":
             raise backend(SPLADE_NO_EMBED_ALL)
-        prepared = prepare_all(params.items, tokenizer=state.backend.tokenizer, config=state.config,
-                               truncate=params.truncate, direction=params.direction,
-                               prompt_name=params.prompt_name)
-        timer.mark_tokenized()
-        outcome = await timer.run("all", prepared, items=params.items)
+        outcome = await _prepare_and_run(state, timer, "all", params.items, params)
     return json_response([np.asarray(v) for v in outcome.results], headers=outcome.headers)
 
 
 async def similarity(request: web.Request) -> web.Response:
     """``POST /similarity`` → cosine of each sentence with the source (batch size = sentences + 1)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_similarity(await read_json(request, state.config.payload_limit))
     if not params.sentences:
         raise ApiError("Empty", "`inputs.sentences` cannot be empty", metric="validation")
-    items: list[Any] = [params.source, *params.sentences]
-    timer = RequestTimer(state, True, "embed")
-    state.check_batch_size(len(items))
-    with state.permits.hold(len(items)):
-        _embedding_kind(state, normalize=False)
-        if state.config.pooling == "splade":
+    items: list[Item] = [params.source, *params.sentences]
+    with admit(state, len(items), is_batch=True, family="embed") as timer:
+        if state.config.model_kind != "embedding" or state.config.pooling == "splade":
             raise backend(NOT_EMBEDDING_MODEL)
-        prepared = prepare_all(items, tokenizer=state.backend.tokenizer, config=state.config,
-                               truncate=params.truncate, direction=params.direction,
-                               prompt_name=params.prompt_name)
-        timer.mark_tokenized()
-        outcome = await timer.run("raw", prepared, items=items)
+        outcome = await _prepare_and_run(state, timer, "raw", items, params)
     vectors = np.stack(outcome.results).astype(np.float64)
     norms = np.maximum(np.linalg.norm(vectors, axis=1), 1e-12)
     cosines = (vectors[1:] @ vectors[0]) / (norms[1:] * norms[0])

@@ -14,7 +14,7 @@ from aiohttp import web
 from teibatch.server.bodies import parse_decode, parse_tokenize, read_json
 from teibatch.server.config import TEI_VERSION
 from teibatch.server.responses import ApiError, empty, json_response
-from teibatch.server.state import get_state
+from teibatch.server.state import STATE
 from teibatch.server.validation import resolve_prompt
 
 
@@ -23,15 +23,14 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def info_body(request: web.Request) -> dict[str, Any]:
-    """TEI's ``Info``, field for field, in its serde order."""
-    state = get_state(request)
-    config = state.config
+async def info(request: web.Request) -> web.Response:
+    """``GET /info``: TEI's ``Info``, field for field, in its serde order."""
+    config = request.app[STATE].config
     if config.model_kind == "reranker":
         model_type: dict[str, Any] = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     else:
         model_type = {"embedding": {"pooling": config.pooling}}
-    return {
+    return json_response({
         "model_id": config.model_id,
         "model_sha": config.revision,
         "model_dtype": "float32",
@@ -47,17 +46,12 @@ def info_body(request: web.Request) -> dict[str, Any]:
         "version": TEI_VERSION,
         "sha": None,
         "docker_label": None,
-    }
-
-
-async def info(request: web.Request) -> web.Response:
-    """``GET /info``."""
-    return json_response(info_body(request))
+    })
 
 
 async def tokenize(request: web.Request) -> web.Response:
     """``POST /tokenize`` → per input ``[{"id", "text", "special", "start", "stop"}]`` (byte offsets)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_tokenize(await read_json(request, state.config.payload_limit))
     if params.is_batch and not params.texts:
         raise ApiError("Empty", "`inputs` cannot be empty", metric="validation")
@@ -74,7 +68,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def decode(request: web.Request) -> web.Response:
     """``POST /decode`` → ``[str]``, one text per id list."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_decode(await read_json(request, state.config.payload_limit))
     if params.is_batch and not params.ids:
         raise ApiError("Empty", "`inputs` cannot be empty", metric="validation")
@@ -87,14 +81,14 @@ async def decode(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``: Prometheus text, public even with ``--api-key``."""
-    state = get_state(request)
+    state = request.app[STATE]
     state.metrics.gauges["te_queue_size"] = state.queue.size
     return web.Response(text=state.metrics.render(), content_type="text/plain")
 
 
 async def stats(request: web.Request) -> web.Response:
     """``GET /teibatch/stats``: counts for tests (see :meth:`Metrics.stats`); ``DELETE`` also resets them."""
-    state = get_state(request)
+    state = request.app[STATE]
     body = state.stats()
     if request.method == "DELETE":
         state.metrics.reset()

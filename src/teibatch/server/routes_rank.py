@@ -13,7 +13,7 @@ from aiohttp import web
 
 from teibatch.server.backends.base import sigmoid
 from teibatch.server.bodies import parse_predict, parse_rerank, read_json
-from teibatch.server.inference import RequestTimer
+from teibatch.server.inference import admit
 from teibatch.server.responses import (
     NOT_CLASSIFIER_MODEL,
     NOT_RERANKER_MODEL,
@@ -21,7 +21,7 @@ from teibatch.server.responses import (
     backend,
     json_response,
 )
-from teibatch.server.state import ServerState, get_state
+from teibatch.server.state import STATE, ServerState
 from teibatch.server.validation import Prepared, prepare, too_long
 
 LABEL = "LABEL_0"
@@ -47,15 +47,13 @@ def _prepare_pair(state: ServerState, query: str, text: str, truncate: bool | No
 
 async def rerank(request: web.Request) -> web.Response:
     """``POST /rerank`` → ``[{"index", "score", "text"?}]`` sorted by score, highest first."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_rerank(await read_json(request, state.config.payload_limit))
     if not params.texts:
         raise ApiError("Empty", "`texts` cannot be empty", metric="validation")
     if state.config.model_kind != "reranker":
         raise backend(NOT_RERANKER_MODEL)
-    timer = RequestTimer(state, True, "predict")
-    state.check_batch_size(len(params.texts))
-    with state.permits.hold(len(params.texts)):
+    with admit(state, len(params.texts), is_batch=True, family="predict") as timer:
         prepared = [_prepare_pair(state, params.query, text, params.truncate, params.direction)
                     for text in params.texts]
         timer.mark_tokenized()
@@ -75,13 +73,11 @@ async def rerank(request: web.Request) -> web.Response:
 
 async def predict(request: web.Request) -> web.Response:
     """``POST /predict`` → ``[{"score", "label"}]`` per input (``[[...]]`` for a batch)."""
-    state = get_state(request)
+    state = request.app[STATE]
     params = parse_predict(await read_json(request, state.config.payload_limit))
     if not params.inputs:
         raise ApiError("Empty", "`inputs` cannot be empty", metric="validation")
-    timer = RequestTimer(state, params.is_batch, "predict")
-    state.check_batch_size(len(params.inputs))
-    with state.permits.hold(len(params.inputs)):
+    with admit(state, len(params.inputs), is_batch=params.is_batch, family="predict") as timer:
         if state.config.model_kind != "reranker":
             raise backend(NOT_CLASSIFIER_MODEL)
         pairs = [(seq[0], seq[-1]) for seq in params.inputs]

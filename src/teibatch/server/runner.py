@@ -79,7 +79,6 @@ async def serve(config: ServerConfig, *, ready_file: str | os.PathLike[str] | No
         faulted = True
         stop.set()
 
-    app[STATE].request_stop = fault_stop
     app[FAULTS].request_stop = fault_stop
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, handle_signals=False)
     await runner.setup()

@@ -8,9 +8,9 @@ until the request's inputs are computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -45,14 +45,13 @@ class Permits:
 
 @dataclass
 class ServerState:
-    """One server's shared parts; ``request_stop`` is set by the runner (used by the exit fault)."""
+    """One server's shared parts, held by its app under :data:`STATE`."""
 
     config: ServerConfig
     backend: Backend
     metrics: Metrics
     queue: BatchQueue
     permits: Permits
-    request_stop: Callable[[], None] | None = field(default=None)
 
     def check_batch_size(self, count: int) -> None:
         """422 for more inputs than ``max_client_batch_size`` (an ``batch_size`` violation)."""
@@ -68,6 +67,9 @@ class ServerState:
 STATE: web.AppKey[ServerState] = web.AppKey("teibatch_state", ServerState)
 
 
-def get_state(request: web.Request) -> ServerState:
-    """The state of the app serving ``request``."""
-    return request.app[STATE]
+def route_of(request: web.Request) -> str | None:
+    """The matched route's path template, or None for an unknown path."""
+    match = request.match_info
+    if match.http_exception is not None or match.route.resource is None:
+        return None
+    return match.route.resource.canonical

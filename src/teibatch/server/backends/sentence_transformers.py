@@ -12,24 +12,16 @@ model's ``max_seq_length`` caps ``max_input_length`` as in TEI.
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer
+from teibatch.server.backends.hf_tokenizer import PACKAGED_MODELS, HFTokenizer, require
 from teibatch.server.tokens import Tokenizer
 
 INSTALL_HINT = "pip install 'teibatch[st]'"
-
-
-def _require(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"--backend sentence-transformers needs {module!r}: {INSTALL_HINT}") from exc
 
 
 def resolve_model_path(model_id: str) -> str:
@@ -37,7 +29,7 @@ def resolve_model_path(model_id: str) -> str:
     if Path(model_id).is_dir():
         return model_id
     if model_id in PACKAGED_MODELS:
-        return str(_require(PACKAGED_MODELS[model_id]).get_model_path())
+        return str(require(PACKAGED_MODELS[model_id], "sentence-transformers", INSTALL_HINT).get_model_path())
     known = ", ".join(sorted(PACKAGED_MODELS))
     raise ImportError(f"model {model_id!r} is neither a local directory nor one of the packaged models "
                       f"({known}); nothing is downloaded at run time")
@@ -62,7 +54,7 @@ class SentenceTransformerBackend:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         path = resolve_model_path(model_id)
-        st = _require("sentence_transformers")
+        st = require("sentence_transformers", "sentence-transformers", INSTALL_HINT)
         return cls(st.SentenceTransformer(path, device="cpu"))
 
     def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
