@@ -160,7 +160,6 @@ def status(output: str, as_json: bool) -> None:
       teibatch status out/quickstart
       teibatch status s3://bucket/vectors/nightly --json
     """
-    import orjson
     from rich.console import Console
     from rich.table import Table
 

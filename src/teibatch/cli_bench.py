@@ -74,8 +74,9 @@ def bench(job_file: str | None, urls: tuple[str, ...], api_key_env: str | None, 
     for path, key in ((None if no_chart else chart, "--chart"), (save, "--save")):
         _check_writable(path, key)
     from teibatch.bench import BenchSpec, bench_texts, render_chart, run_bench
+    from teibatch.job import load_job
 
-    job = _load_job(job_file) if job_file else None
+    job = load_job(job_file) if job_file else None
     endpoints, key_env = _servers(job, urls, api_key_env)
     corpus = job.corpus_options() if job is not None and words is None else None
     texts, source = bench_texts(corpus, corpus_sample or DEFAULT_CORPUS_SAMPLE, words or DEFAULT_WORDS)
@@ -129,12 +130,6 @@ def _check_writable(path: str | None, key: str) -> None:
     folder = Path(path).resolve().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise JobSpecError(f"cannot write {path}: {folder} is not a writable folder", key=key)
-
-
-def _load_job(job_file: str) -> JobSpec:
-    from teibatch.job import load_job
-
-    return load_job(job_file)
 
 
 def _servers(job: JobSpec | None, urls: tuple[str, ...],

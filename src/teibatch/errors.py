@@ -280,8 +280,6 @@ class StorageFull(SinkError):
     raise the quota, then run the same command again; it resumes.
     """
 
-    exit_code = EXIT_INCOMPLETE
-
     def __init__(self, message: str, *, path: str, needed_bytes: int | None = None,
                  temporary: bool = False) -> None:
         self.path = path
@@ -293,27 +291,19 @@ class StorageFull(SinkError):
 class RunIncomplete(TeibatchError):
     """Some shards were not committed; run the same command again to finish them."""
 
-    exit_code = EXIT_INCOMPLETE
-
 
 class RejectsFound(TeibatchError):
     """``run --fail-on-rejects``: the run finished, but some documents were rejected (see ``rejects/``)."""
-
-    exit_code = EXIT_INCOMPLETE
 
 
 class RayUnavailable(TeibatchError):
     """Ray could not be started, or the cluster named by ``--ray-address``/``RAY_ADDRESS`` could not be
     joined (unreachable, another Ray version). Nothing was embedded; the same command resumes."""
 
-    exit_code = EXIT_INCOMPLETE
-
 
 class SenderFailed(TeibatchError):
     """A chunk could not be embedded because its sender (the process that talks to the servers) kept
     dying; the shard is not committed, and the same command sends it again."""
-
-    exit_code = EXIT_INCOMPLETE
 
 
 class FleetError(TeibatchError):

@@ -11,6 +11,7 @@ sections say what is missing instead of failing, and no key is ever assumed pres
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -185,11 +186,9 @@ def _progress(report: dict[str, Any]) -> str:
     series = [("documents in finished shards",
                [(as_number(p["t"]) or 0.0, as_number(p["documents"]) or 0.0) for p in points])]
     if any("rows" in p for p in points):
-        rows, total = [], 0.0
-        for p in points:
-            total += as_number(p.get("rows")) or 0.0
-            rows.append((as_number(p["t"]) or 0.0, total))
-        series.append(("vectors written", rows))
+        totals = itertools.accumulate(as_number(p.get("rows")) or 0.0 for p in points)
+        series.append(("vectors written", [(as_number(p["t"]) or 0.0, total)
+                                           for p, total in zip(points, totals, strict=True)]))
     bad = [(as_number(p["t"]) or 0.0, as_number(p["documents"]) or 0.0,
             f"shard {p.get('shard', '?')}: {p.get('status')}")
            for p in points if p.get("status") in BAD_STATUSES]

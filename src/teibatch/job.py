@@ -37,7 +37,7 @@ def parse_duration(text: str | int | float) -> float:
     if text.strip().replace(".", "", 1).isdigit():
         return float(text)
     match = _DURATION.match(text)
-    if not text.strip() or match is None or not any(match.groups()):
+    if match is None or not any(match.groups()):  # blank text matches, with no group
         raise ValueError(f"{text!r} is not a duration (write 90s, 30m, 2h or 1h30m)")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     return hours * 3600 + minutes * 60 + seconds
@@ -423,8 +423,7 @@ class JobSpec(_Section):
 def load_job(path: str | Path, overrides: list[str] | None = None,
              environ: dict[str, str] | None = None) -> JobSpec:
     """Load and validate a job file; raise :class:`JobSpecError` naming the file, the key and the line."""
-    raw = load_job_file(path, overrides, environ)
-    return validate_job(raw)
+    return validate_job(load_job_file(path, overrides, environ))
 
 
 def validate_job(raw: RawJob) -> JobSpec:
@@ -441,7 +440,7 @@ def validate_job(raw: RawJob) -> JobSpec:
         errors = exc.errors()
     by_key: dict[tuple[str, ...], list[Any]] = {}
     for error in errors:
-        by_key.setdefault(_key_path(error["loc"]), []).append(error)
+        by_key.setdefault(_key_path(error["loc"])[0], []).append(error)
     raise every_problem([_problem(raw, key_path, found) for key_path, found in by_key.items()]) from None
 
 
@@ -461,20 +460,21 @@ def _problem(raw: RawJob, key_path: tuple[str, ...], errors: list[Any]) -> JobSp
     return JobSpecError(text + suffix, file=raw.file, key=key, line=raw.line_of(key_path))
 
 
-def _key_path(loc: tuple[Any, ...]) -> tuple[str, ...]:
+def _key_path(loc: tuple[Any, ...]) -> tuple[tuple[str, ...], type[BaseModel] | None]:
     """The job-file keys of a validation error's location, without the names pydantic gives the
-    members of a union type (``client.max_batch_size.int`` is ``client.max_batch_size``)."""
+    members of a union type (``client.max_batch_size.int`` is ``client.max_batch_size``); and the
+    section model they end at (``None``: a plain value, or a key the job file does not take)."""
     model: type[BaseModel] | None = JobSpec
     path: list[str] = []
     for part in loc:
         if isinstance(part, int):
-            path.append(str(part))
+            path.append(str(part))  # an item of a list of sections
         elif model is not None:
             info = model.model_fields.get(str(part))
             path.append(str(part))
             model = _section_model(info.annotation) if info is not None else None
         # else: a union member's name inside a plain value: not a key
-    return tuple(path)
+    return tuple(path), model
 
 
 def _explain(error: Any) -> str:
@@ -493,14 +493,7 @@ def _explain(error: Any) -> str:
 
 def _known_keys(section: tuple[Any, ...]) -> tuple[str, ...]:
     """The keys the job file takes at ``section`` (a validation error's location), or ``()``."""
-    model: type[BaseModel] | None = JobSpec
-    for part in section:
-        if isinstance(part, int):
-            continue  # an item of a list of sections
-        info = model.model_fields.get(str(part)) if model is not None else None
-        model = _section_model(info.annotation) if info is not None else None
-        if model is None:
-            return ()
+    model = _key_path(section)[1]
     return tuple(model.model_fields) if model is not None else ()
 
 

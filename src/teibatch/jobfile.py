@@ -73,17 +73,15 @@ def load_job_file(path: str | Path, overrides: list[str] | None = None,
     text = _decode(raw_bytes, file)
     try:
         loader = yaml.SafeLoader(text)  # checks every character at once
+        try:
+            root = loader.get_single_node()
+            if root is not None:
+                _refuse_duplicate_keys(root, (), file, set())
+            data: dict[str, Any] = loader.construct_document(root) if root is not None else {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise JobSpecError(f"not valid YAML: {_yaml_problem(exc)}", file=file, line=_yaml_line(exc, text)) from exc
-    try:
-        root = loader.get_single_node()
-        if root is not None:
-            _refuse_duplicate_keys(root, (), file, set())
-        data: dict[str, Any] = loader.construct_document(root) if root is not None else {}
-    except yaml.YAMLError as exc:
-        raise JobSpecError(f"not valid YAML: {_yaml_problem(exc)}", file=file, line=_yaml_line(exc, text)) from exc
-    finally:
-        loader.dispose()
     if root is None:
         raise JobSpecError("the job file is empty", file=file)
     if not isinstance(root, yaml.MappingNode):

@@ -22,33 +22,21 @@ from __future__ import annotations
 
 from teibatch.bench.chart import render_chart
 from teibatch.bench.grid import Setting, plan_grid
-from teibatch.bench.measure import error_kind, measure, setting_seconds
-from teibatch.bench.recommend import Recommendation, ServerFlag, recommend, server_flags
-from teibatch.bench.results import ServerResult, SettingResult, error_text, latency_text
+from teibatch.bench.measure import setting_seconds
+from teibatch.bench.results import SettingResult, error_text
 from teibatch.bench.run import BenchReport, BenchSpec, run_bench
-from teibatch.bench.texts import TOKENS_FROM_SERVER, bench_texts, corpus_sample, count_tokens, synthetic_texts
+from teibatch.bench.texts import TOKENS_FROM_SERVER, bench_texts
 
 __all__ = [
     "TOKENS_FROM_SERVER",
     "BenchReport",
     "BenchSpec",
-    "Recommendation",
-    "ServerFlag",
-    "ServerResult",
     "Setting",
     "SettingResult",
     "bench_texts",
-    "corpus_sample",
-    "count_tokens",
-    "error_kind",
     "error_text",
-    "latency_text",
-    "measure",
     "plan_grid",
-    "recommend",
     "render_chart",
     "run_bench",
-    "server_flags",
     "setting_seconds",
-    "synthetic_texts",
 ]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import Counter
 from collections.abc import Sequence
 
 import anyio
 import httpx
 
 from teibatch.bench.grid import Setting
-from teibatch.bench.results import UNANSWERED, Answer, SettingResult, percentiles, server_result
+from teibatch.bench.results import UNANSWERED, Answer, SettingResult, error_counts, percentiles, server_result
 from teibatch.errors import ServerFault, TeiAuthError, TeiError, TeiUnavailable, WrongModelKind
 from teibatch.tei import EmbedRequest, TeiClient
 
@@ -135,8 +134,5 @@ async def measure(setting: Setting, clients: Sequence[TeiClient], requests: Sequ
     window = (opens, opens + seconds)
     servers = [server_result(c.url, a, window) for c, a in zip(clients, answers, strict=True)]
     done = [a for server in answers for a in server if a.kind is None and window[0] <= a.done <= window[1]]
-    errors: Counter[str] = Counter()
-    for server in servers:
-        errors.update(server.errors)
     return SettingResult(setting, seconds, len(done), sum(a.documents for a in done), sum(a.tokens for a in done),
-                         percentiles([a.done - a.sent for a in done]), dict(errors), tuple(servers))
+                         percentiles([a.done - a.sent for a in done]), dict(error_counts(servers)), tuple(servers))

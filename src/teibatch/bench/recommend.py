@@ -4,13 +4,12 @@ to try where the server, not the client, is the limit."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from teibatch.bench.grid import Setting
-from teibatch.bench.results import SettingResult, latency_text
+from teibatch.bench.results import SettingResult, error_counts, latency_text
 
 if TYPE_CHECKING:
     from teibatch.tei import ServerInfo
@@ -100,9 +99,7 @@ def server_flags(results: Sequence[SettingResult], best: SettingResult,
         flags["--max-client-batch-size"] = (
             f"the largest batch the server allows ({max_batch}) gave {best.tokens_per_s / max(smaller) - 1:+.0%} "
             f"more throughput than any smaller batch; raise --max-client-batch-size so a request carries more inputs")
-    errors: Counter[str] = Counter()
-    for r in results:
-        errors.update(r.errors)
+    errors = error_counts(results)
     if errors["429"]:
         worst = max(r.setting.inputs_in_flight for r in results if r.errors.get("429"))
         flags.setdefault("--max-concurrent-requests", (

@@ -8,6 +8,7 @@ in words.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,11 @@ def percentiles(latencies: list[float]) -> dict[str, float | None]:
         return {"p50": None, "p95": None, "p99": None}
     p50, p95, p99 = np.percentile(np.asarray(latencies) * 1000, [50, 95, 99])
     return {"p50": round(float(p50), 1), "p95": round(float(p95), 1), "p99": round(float(p99), 1)}
+
+
+def error_counts(parts: Sequence[ServerResult | SettingResult]) -> Counter[str]:
+    """Errors by kind, summed over ``parts`` (the servers of a setting, or settings)."""
+    return sum((Counter(part.errors) for part in parts), Counter())
 
 
 def latency_text(value: float | None) -> str:
