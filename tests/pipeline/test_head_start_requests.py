@@ -27,6 +27,7 @@ from teibatch.server import HashingEmbedder, text_digest
 from teibatch.server.testing import running_server
 from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
 from teibatch.tei.packing import PROBE_TEXT
+from teibatch.tei.pool import ServerStats
 from tests.conftest import write_jsonl
 
 ZERO_VIOLATIONS = {"batch_size": 0, "payload": 0, "inflight": 0, "input_length": 0}
@@ -94,10 +95,9 @@ class Landings:
     def start(self, requests: HeadStartRequests) -> None:
         requests.start(whole(requests.servers), landed=self.landed, released=self.release, deposit=self.deposit)
 
-    def landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
-               errors: dict[str, int]) -> None:
-        self.calls.append((url, requests, inputs, errors))
-        self._to_sender(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
+    def landed(self, url: str, stats: ServerStats) -> None:
+        self.calls.append((url, stats.requests, stats.inputs, dict(stats.errors)))
+        self._to_sender(lambda core: core.others_landed(url, stats))
 
     def release(self, url: str, inputs: int) -> None:
         self.released[url] += inputs

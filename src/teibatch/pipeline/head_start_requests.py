@@ -41,6 +41,7 @@ import orjson
 from teibatch.pipeline.senders.core import SenderCore
 from teibatch.pipeline.senders.plans import SenderPlan, ServerPlan
 from teibatch.tei import ROUTE_EMBED_SPARSE, EmbedRequest, EmbedResult, EndpointPool, RequestPacker, Server
+from teibatch.tei.pool import ServerStats
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,8 @@ CONNECTIONS_AHEAD = 4
 # run stopped early).
 STOP_TIMEOUT_S = 5.0
 
-Landed = Callable[[str, int, int, float, float, dict[str, int]], None]
-"""Called once per server, when every request is back: server URL, requests answered, inputs in them,
-their summed latency, when the first was sent (monotonic), failed requests by error."""
+Landed = Callable[[str, ServerStats], None]
+"""Called once per server, when every request is back: server URL, and what the requests did there."""
 Released = Callable[[str, int], None]
 """Called when the driver gives back inputs of a server's budget: server URL, inputs."""
 Deposit = Callable[[int, EmbedResult], None]
@@ -199,10 +199,8 @@ class _Sending:
             for chunk in range(len(self.head.chunks)):
                 self._deposit(chunk)
             for server in self.pool.servers:
-                stats = server.stats
-                if stats.first_sent is not None:
-                    self.landed(server.url, stats.requests, stats.inputs, stats.seconds, stats.first_sent,
-                                dict(stats.errors))
+                if server.stats.first_sent is not None:
+                    self.landed(server.url, server.stats)
 
     def _dispatch(self) -> None:
         """Send what the servers take, oldest first; stop once the senders run or nothing is left."""

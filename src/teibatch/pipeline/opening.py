@@ -40,6 +40,7 @@ from teibatch.pipeline.senders.actor import launch_senders, probed_senders, star
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
 from teibatch.pipeline.shard import as_shard_work, warm_worker
 from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
+from teibatch.tei.pool import ServerStats
 
 # The longest the run waits for its first workers to start before the first shard task.
 WARM_UP_TIMEOUT_S = 60.0
@@ -109,9 +110,8 @@ class Opening:
 
     # What the driver's requests tell the senders (called from their thread, see ``pipeline/head_start_requests.py``).
 
-    def _landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
-                errors: dict[str, int]) -> None:
-        self._owners[url].others_landed.remote(url, requests, inputs, seconds, first_sent, errors)
+    def _landed(self, url: str, stats: ServerStats) -> None:
+        self._owners[url].others_landed.remote(url, stats)
 
     def _released(self, url: str, inputs: int) -> None:
         self._owners[url].others_released.remote(url, inputs)

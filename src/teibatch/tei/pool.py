@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from teibatch.errors import CapacityUnavailable, TeiError
@@ -248,27 +248,26 @@ class EndpointPool:
         server.held = max(0, server.held - inputs)
         self.wake()
 
-    def others_landed(self, server: Server, *, requests: int, inputs: int, seconds: float, first_sent: float,
-                      errors: Mapping[str, int]) -> None:
-        """What another client did at ``server``, now that all of it is back: ``requests`` answers used,
-        ``inputs`` inputs in them, ``seconds`` their summed latency, and its failed requests by error.
+    def others_landed(self, server: Server, other: ServerStats) -> None:
+        """What another client did at ``server``, now that all of it is back: its answers, inputs, summed
+        latency and failed requests count in the server's stats like the pool's own.
 
-        They count in the server's stats like the pool's own. ``first_sent`` (its first request, on
-        this machine's monotonic clock): the time it was busy there before this pool held anything
-        counts as busy, its whole budget in flight.
+        The time it was busy there (from ``other.first_sent``, on this machine's monotonic clock) before
+        this pool held anything counts as busy, its whole budget in flight.
         """
         now = time.monotonic()
         self._count_inputs(server, now)
-        stats = server.stats
-        if stats.first_sent is not None and first_sent < stats.first_sent:
+        stats, first_sent = server.stats, other.first_sent
+        if first_sent is not None and stats.first_sent is not None and first_sent < stats.first_sent:
             stats.busy_seconds += stats.first_sent - first_sent
             stats.input_seconds += server.limits.max_inflight_inputs * (stats.first_sent - first_sent)
-        stats.first_sent = first_sent if stats.first_sent is None else min(stats.first_sent, first_sent)
+        if first_sent is not None:
+            stats.first_sent = first_sent if stats.first_sent is None else min(stats.first_sent, first_sent)
         stats.last_answer = now if stats.last_answer is None else max(stats.last_answer, now)
-        stats.requests += requests
-        stats.inputs += inputs
-        stats.seconds += seconds
-        for kind, count in errors.items():
+        stats.requests += other.requests
+        stats.inputs += other.inputs
+        stats.seconds += other.seconds
+        for kind, count in other.errors.items():
             stats.count_error(kind, count)
 
     @staticmethod

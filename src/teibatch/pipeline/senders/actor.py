@@ -25,6 +25,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.pipeline.senders.core import CONNECTIONS_AHEAD, SenderCore, ServerClients, Streams
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import EmbedResult, tls_context
+from teibatch.tei.pool import ServerStats
 
 MAX_SENDER_RESTARTS = 5
 # How long a chunk of the driver's own requests waits for the driver's vectors, in request timeouts (plus
@@ -101,10 +102,9 @@ class SenderActor:
         if not future.done():
             future.set_result(result)
 
-    async def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
-                            errors: dict[str, int]) -> None:
+    async def others_landed(self, url: str, stats: ServerStats) -> None:
         """What the driver's own requests did at ``url``, all of it back: counted in this sender's report."""
-        self._from_driver(lambda core: core.others_landed(url, requests, inputs, seconds, first_sent, errors))
+        self._from_driver(lambda core: core.others_landed(url, stats))
 
     async def others_released(self, url: str, inputs: int) -> None:
         """The driver gave back ``inputs`` of what it held at ``url``: they are this sender's to use."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import httpx
 import numpy as np
@@ -26,6 +26,7 @@ from teibatch.tei import (
     embed_texts,
     tls_settings,
 )
+from teibatch.tei.pool import ServerStats
 
 # Connections a sender opens to each server before the first chunk (TEI's defaults take 16 requests),
 # and how long it waits for one.
@@ -181,13 +182,11 @@ class SenderCore:
         # ``dimension`` is set here: :meth:`embed` refuses to run without it.
         return EmbedResult.assembled(len(texts), self.dimension or 0, [(0, done), (missing, rest)])
 
-    def others_landed(self, url: str, requests: int, inputs: int, seconds: float, first_sent: float,
-                      errors: Mapping[str, int]) -> None:
+    def others_landed(self, url: str, stats: ServerStats) -> None:
         """What the head start's requests did at ``url`` (see :meth:`EndpointPool.others_landed`)."""
         pool, server = self._server(url)
         if server is not None:
-            pool.others_landed(server, requests=requests, inputs=inputs, seconds=seconds, first_sent=first_sent,
-                               errors=errors)
+            pool.others_landed(server, stats)
 
     def others_released(self, url: str, inputs: int) -> None:
         """The driver gave back ``inputs`` of what it held at ``url`` (see :meth:`EndpointPool.release_held`)."""
