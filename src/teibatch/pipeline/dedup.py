@@ -236,11 +236,7 @@ class ShardCopies:
             first = self._first.setdefault(self.hashes[unit], unit)
             if first == unit:
                 firsts.append((unit, text))
-            elif first in self._landed:
-                self.copies[unit] = (self.hashes[unit], *self._landed[first])
-            elif first in self._refused_firsts:
-                self.refused[unit] = first
-            else:
+            elif not self._settle(unit, first):
                 self._source[unit] = first
                 heapq.heappush(self._waiting, unit)
         for (unit, text), own in zip(firsts, self._claim([u for u, _ in firsts]), strict=True):
@@ -304,14 +300,20 @@ class ShardCopies:
     def _resolve(self) -> None:
         """Copies whose first unit has its vector now (or was refused) are final."""
         for unit, first in list(self._source.items()):
-            if first in self._landed:
-                self.copies[unit] = (self.hashes[unit], *self._landed[first])
-                del self._source[unit]
-            elif first in self._refused_firsts:
-                self.refused[unit] = first
+            if self._settle(unit, first):
                 del self._source[unit]
         for unit in [u for u in self._foreign if u in self._landed]:
             del self._foreign[unit]
+
+    def _settle(self, unit: int, first: int) -> bool:
+        """Make copy ``unit`` final if its hash's first unit has its vector or was refused; whether it is final."""
+        if first in self._landed:
+            self.copies[unit] = (self.hashes[unit], *self._landed[first])
+        elif first in self._refused_firsts:
+            self.refused[unit] = first
+        else:
+            return False
+        return True
 
     def _take(self, timeout: float) -> None:
         if not self._foreign or self.dedup is None:
