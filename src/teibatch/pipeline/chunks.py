@@ -14,6 +14,7 @@ documents part: the mean of its chunks' vectors weighted by their tokens, renorm
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 from collections import Counter
@@ -57,6 +58,9 @@ CHUNK_BATCH_CHARS = 1 << 20
 TOKENIZER_THREADS = 1
 # The report's chunk-length histogram: chunks by their tokens, up to each bound (the last: above it).
 HISTOGRAM_BOUNDS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# The histogram's buckets in order: ``1-32``, ``33-64``, … ``>8192``.
+HISTOGRAM_LABELS = (*(f"{low + 1}-{high}" for low, high in itertools.pairwise((0, *HISTOGRAM_BOUNDS))),
+                    f">{HISTOGRAM_BOUNDS[-1]}")
 TITLE_SEPARATOR = "\n"
 
 
@@ -203,19 +207,12 @@ class ChunkTally:
                 "chunks_reused": self.chunks_reused, "chunks_deduplicated": self.chunks_deduplicated,
                 "tokens_embedded": self.tokens_embedded,
                 "document_tokens": self.document_tokens,
-                "histogram": {label: self.histogram[label] for label in histogram_labels() if self.histogram[label]},
+                "histogram": {label: self.histogram[label] for label in HISTOGRAM_LABELS if self.histogram[label]},
                 **({"tokenize": self.tokenize.to_json()} if self.tokenize is not None else {})}
 
 
-def histogram_labels() -> list[str]:
-    """The histogram's buckets in order: ``1-32``, ``33-64``, … ``>8192``."""
-    lows = [1, *(bound + 1 for bound in HISTOGRAM_BOUNDS[:-1])]
-    return [f"{low}-{high}" for low, high in zip(lows, HISTOGRAM_BOUNDS, strict=True)] + [f">{HISTOGRAM_BOUNDS[-1]}"]
-
-
 def histogram_label(tokens: int) -> str:
-    labels = histogram_labels()
-    return labels[int(np.searchsorted(HISTOGRAM_BOUNDS, tokens))]
+    return HISTOGRAM_LABELS[int(np.searchsorted(HISTOGRAM_BOUNDS, tokens))]
 
 
 class Units:
