@@ -172,6 +172,11 @@ def limit_tokenizer_threads() -> None:
     os.environ.setdefault("RAYON_NUM_THREADS", str(TOKENIZER_THREADS))
 
 
+# The counts of a :class:`ChunkTally`, in the order the report lists them.
+TALLY_COUNTS = ("documents", "documents_reused", "documents_deduplicated", "chunks", "chunks_reused",
+                "chunks_deduplicated", "tokens_embedded", "document_tokens")
+
+
 @dataclass
 class ChunkTally:
     """A shard's chunking counts for the report: documents and chunks written (and of those reused
@@ -190,8 +195,7 @@ class ChunkTally:
     tokenize: TokenizeStats | None = None  # counted by the servers' /tokenize: what was sent there
 
     def add(self, other: ChunkTally) -> None:
-        for name in ("documents", "documents_reused", "documents_deduplicated", "chunks", "chunks_reused",
-                     "chunks_deduplicated", "tokens_embedded", "document_tokens"):
+        for name in TALLY_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.histogram.update(other.histogram)
         self.add_tokenize(other.tokenize)
@@ -202,11 +206,7 @@ class ChunkTally:
             self.tokenize = stats if self.tokenize is None else self.tokenize + stats
 
     def to_json(self) -> dict[str, Any]:
-        return {"documents": self.documents, "documents_reused": self.documents_reused,
-                "documents_deduplicated": self.documents_deduplicated, "chunks": self.chunks,
-                "chunks_reused": self.chunks_reused, "chunks_deduplicated": self.chunks_deduplicated,
-                "tokens_embedded": self.tokens_embedded,
-                "document_tokens": self.document_tokens,
+        return {**{name: getattr(self, name) for name in TALLY_COUNTS},
                 "histogram": {label: self.histogram[label] for label in HISTOGRAM_LABELS if self.histogram[label]},
                 **({"tokenize": self.tokenize.to_json()} if self.tokenize is not None else {})}
 
