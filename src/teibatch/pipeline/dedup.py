@@ -176,15 +176,6 @@ class DedupRegistry:
                 self._bytes -= entry.vector.nbytes
 
 
-def start_registry() -> Any:
-    """The run's registry actor, on this (the driver's) node when it can; not restarted if it dies."""
-    here = ray.get_runtime_context().get_node_id()
-    actor_class = ray.remote(DedupRegistry).options(  # type: ignore[arg-type]
-        num_cpus=0, max_restarts=0, max_concurrency=1000,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True))
-    return actor_class.remote()
-
-
 @dataclass(frozen=True)
 class Dedup:
     """Deduplication as shard tasks see it: the registry actor, and how long a shard waits for copies."""
@@ -194,7 +185,12 @@ class Dedup:
 
     @classmethod
     def for_run(cls, request_timeout: float) -> Dedup:
-        return cls(start_registry(), WAIT_TIMEOUTS * request_timeout + WAIT_MARGIN_S)
+        """The run's registry actor, on this (the driver's) node when it can; not restarted if it dies."""
+        here = ray.get_runtime_context().get_node_id()
+        actor_class = ray.remote(DedupRegistry).options(  # type: ignore[arg-type]
+            num_cpus=0, max_restarts=0, max_concurrency=1000,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True))
+        return cls(actor_class.remote(), WAIT_TIMEOUTS * request_timeout + WAIT_MARGIN_S)
 
     def claim_first(self, shard: str, hashes: Iterable[str]) -> None:
         """Claim for ``shard`` the hashes of the texts the driver sent for it (its head start), before any task runs."""
