@@ -43,7 +43,7 @@ class MovedTexts:
     part_of: np.ndarray  # uint32
 
     def find(self, store: OutputStore, hashes: Iterable[str],
-             schema: VectorSchema | None = None) -> dict[str, tuple[str, Vector, bool]]:
+             schema: VectorSchema) -> dict[str, tuple[str, Vector, bool]]:
         """``content_hash → (content_hash, vector, truncated)`` for those of ``hashes`` the earlier output holds
         (``schema``: the output's, as :func:`~teibatch.sink.parts.read_vectors` takes it)."""
         wanted = set(hashes)
