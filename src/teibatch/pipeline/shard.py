@@ -253,6 +253,12 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     unfinished: list[Failure] = []
     truncated = 0
 
+    def refuse(unit: int, failure: Failure) -> None:
+        """``unit``'s document is rejected for ``failure``, unless a unit of it was already."""
+        doc = units.doc[unit]
+        if doc not in failed:
+            failed[doc] = Reject(documents[doc].id, failure.reason, units.describe(unit) + failure.detail)
+
     def take(units_sent: list[int], result: EmbedResult, *, late: bool = False) -> None:
         """The servers' answers for ``units_sent``: final rejects, failures to send again, what copies them
         (``late``: units another shard was to send, whose vectors are not published again)."""
@@ -265,9 +271,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                 continue
             refused.append(unit)
             refusals[unit] = failure
-            if units.doc[unit] not in failed:
-                failed[units.doc[unit]] = Reject(documents[units.doc[unit]].id, failure.reason,
-                                                 units.describe(unit) + failure.detail)
+            refuse(unit, failure)
         truncated += int(np.count_nonzero(result.truncated & result.ok))
         if copies is not None:
             copies.landed(units_sent, result.vectors, result.ok, result.truncated, refused,
@@ -316,9 +320,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
             rows.finish()
             if copies is not None:  # a copy of a text the servers refused is refused the same way
                 for copy, first in copies.refused.items():
-                    failure = refusals[first]
-                    failed.setdefault(units.doc[copy], Reject(documents[units.doc[copy]].id, failure.reason,
-                                                               units.describe(copy) + failure.detail))
+                    refuse(copy, refusals[first])
                 truncated += sum(1 for _, _, cut in copies.copies.values() if cut)
             rejects += failed.values()
             # Rejects first, then the documents part: the vectors part is the one a reader sees, so it comes last.
