@@ -116,9 +116,9 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     finally:
         # The servers' /tokenize counter, when the chunker counted with it: closed with the task.
         tokenize = context.chunking.source.release() if context.chunking is not None else None
-    counted = next((o for o in outcomes if isinstance(o, ShardOutcome) and o.chunks is not None), None)
-    if counted is not None and counted.chunks is not None:  # the task's requests, reported once
-        counted.chunks.add_tokenize(tokenize)
+    counted = next((o.chunks for o in outcomes if isinstance(o, ShardOutcome) and o.chunks is not None), None)
+    if counted is not None:  # the task's requests, reported once
+        counted.add_tokenize(tokenize)
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
 
