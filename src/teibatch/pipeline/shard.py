@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pickle
 import resource
@@ -153,9 +154,7 @@ def _portable(error: BaseException) -> BaseException:
     return error
 
 
-_warming: threading.Thread | None = None
-
-
+@functools.cache
 def warm_up_once() -> None:
     """Start the Parquet side's one-time work in this worker process, beside the embedding.
 
@@ -163,10 +162,7 @@ def warm_up_once() -> None:
     what only has to happen once per process (see :func:`teibatch.sink.warm_up`) need not be there.
     Only a shard with kept fields or earlier parts needs it.
     """
-    global _warming
-    if _warming is None:
-        _warming = threading.Thread(target=warm_up, name="teibatch-warm-up", daemon=True)
-        _warming.start()
+    threading.Thread(target=warm_up, name="teibatch-warm-up", daemon=True).start()
 
 
 def yield_to_senders() -> None:
