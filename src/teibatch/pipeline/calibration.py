@@ -49,11 +49,12 @@ def output_quantization(vector_type: str, manifest: Manifest, shards: Sequence[S
         stored = Quantization.from_json(manifest.quantization)
         if stored.vector_type == vector_type:  # else left from options an emptied output no longer has
             return stored
-    quantization = Quantization(vector_type) if vector_type == "binary" else None
-    if quantization is None:
-        if any(entry.rows for entry in manifest.shards.values()):
-            raise SinkError(f"the output holds {vector_type} vectors but its manifest keeps no calibration "
-                            "(quantization); restore the manifest, or write to a new output.path")
+    if vector_type == "binary":
+        quantization = Quantization(vector_type)
+    elif any(entry.rows for entry in manifest.shards.values()):
+        raise SinkError(f"the output holds {vector_type} vectors but its manifest keeps no calibration "
+                        "(quantization); restore the manifest, or write to a new output.path")
+    else:
         started = time.monotonic()
         quantization = Quantization.calibrate(vector_type, _sample_vectors(
             _texts(corpus, shards, chunking), senders, sample))
