@@ -42,8 +42,8 @@ def output_kept_fields(job: JobSpec, probe: CorpusProbe, shards: Sequence[Shard]
 
     def decide(rule: str, *, report_stringified: bool = False) -> KeptFields:
         kept, stringified = decide_kept_fields(options, rule, probe.kept, probe.sample_file, files)
-        for field in stringified:
-            if report_stringified:
+        if report_stringified:
+            for field in stringified:
                 reporter.message(field.message(), event="kept_field_stringified", field=field.field,
                                  types=list(field.seen))
         return kept
