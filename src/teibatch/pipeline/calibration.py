@@ -38,25 +38,24 @@ CALIBRATION_PRIORITY = 0.0
 
 
 def output_quantization(vector_type: str, manifest: Manifest, shards: Sequence[Shard], corpus: CorpusOptions,
-                        chunking: ChunkPlan | None, senders: Sequence[SenderRef], reporter: Reporter,
-                        sample: int = DEFAULT_CALIBRATION_TEXTS) -> Quantization:
+                        chunking: ChunkPlan | None, senders: Sequence[SenderRef], reporter: Reporter) -> Quantization:
     """How this run stores its vectors: the manifest's quantization when it has one, else a new one
-    (calibrated on the first ``sample`` texts of ``shards`` when ``vector_type`` needs it), which is
-    recorded in ``manifest`` (saved with the first commit)."""
+    (calibrated on the first :data:`DEFAULT_CALIBRATION_TEXTS` texts of ``shards`` when ``vector_type``
+    needs it), which is recorded in ``manifest`` (saved with the first commit)."""
     if vector_type in FLOAT_TYPES:
         return Quantization(vector_type)
     if manifest.quantization is not None:
         stored = Quantization.from_json(manifest.quantization)
         if stored.vector_type == vector_type:  # else left from options an emptied output no longer has
             return stored
-    quantization = Quantization(vector_type) if vector_type == "binary" else None
-    if quantization is None:
-        if any(entry.rows for entry in manifest.shards.values()):
-            raise SinkError(f"the output holds {vector_type} vectors but its manifest keeps no calibration "
-                            "(quantization); restore the manifest, or write to a new output.path")
+    if vector_type == "binary":
+        quantization = Quantization(vector_type)
+    elif any(entry.rows for entry in manifest.shards.values()):
+        raise SinkError(f"the output holds {vector_type} vectors but its manifest keeps no calibration "
+                        "(quantization); restore the manifest, or write to a new output.path")
+    else:
         started = time.monotonic()
-        quantization = Quantization.calibrate(vector_type, _sample_vectors(
-            _texts(corpus, shards, chunking), senders, sample))
+        quantization = Quantization.calibrate(vector_type, _sample_vectors(_texts(corpus, shards, chunking), senders))
         reporter.message(f"{vector_type} ranges calibrated on the first {quantization.sample} texts "
                          f"in {time.monotonic() - started:.1f}s", event="calibrated", vector_type=vector_type,
                          texts=quantization.sample)
@@ -64,9 +63,10 @@ def output_quantization(vector_type: str, manifest: Manifest, shards: Sequence[S
     return quantization
 
 
-def _sample_vectors(texts: Iterator[str], senders: Sequence[SenderRef], sample: int) -> np.ndarray:
-    """The vectors of the first ``sample`` texts the servers embed (more are read only while none did)."""
-    while batch := list(islice(texts, sample)):
+def _sample_vectors(texts: Iterator[str], senders: Sequence[SenderRef]) -> np.ndarray:
+    """The vectors of the first :data:`DEFAULT_CALIBRATION_TEXTS` texts the servers embed (more are read only
+    while none did)."""
+    while batch := list(islice(texts, DEFAULT_CALIBRATION_TEXTS)):
         vectors = [result.vectors[result.ok] for _, result in
                    embedded_in_order(batch, senders, priority=CALIBRATION_PRIORITY)]
         found = np.concatenate(vectors) if vectors else np.zeros((0, 0), dtype=np.float32)

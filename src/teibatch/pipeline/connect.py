@@ -53,7 +53,7 @@ class Fleet(ServersMet):
 
 
 def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route: str,
-            expected_model: str | None, api_key_env: str | None, timeout: float = 30.0,
+            expected_model: str | None, api_key_env: str | None, timeout: float,
             before_probe: Callable[[ServersMet], None] | None = None) -> Fleet:
     """Read every server's ``/info`` and send one probe with the job's options.
 

@@ -32,10 +32,6 @@ class Interrupts:
         if self.received:
             raise KeyboardInterrupt
 
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received[0]).name if self.received else ""
-
 
 @contextmanager
 def catch_interrupts() -> Iterator[Interrupts]:

@@ -40,25 +40,25 @@ def output_kept_fields(job: JobSpec, probe: CorpusProbe, shards: Sequence[Shard]
     files = [path for shard in shards for path in shard.sources]
     wanted = options.keep_fields_types
 
-    def decide(rule: str) -> KeptFields:
+    def decide(rule: str, *, report_stringified: bool = False) -> KeptFields:
         kept, stringified = decide_kept_fields(options, rule, probe.kept, probe.sample_file, files)
-        for field in stringified:
-            reporter.message(field.message(), event="kept_field_stringified", field=field.field,
-                             types=list(field.seen))
+        if report_stringified:
+            for field in stringified:
+                reporter.message(field.message(), event="kept_field_stringified", field=field.field,
+                                 types=list(field.seen))
         return kept
 
     if not manifest.shards:
-        kept = decide(wanted)
+        kept = decide(wanted, report_stringified=True)
     elif manifest.kept_fields is None:  # written before kept-field types were recorded
-        kept = decide_kept_fields(options, KEEP_FIELDS_STRINGIFY, probe.kept, probe.sample_file, files)[0]
+        kept = decide(KEEP_FIELDS_STRINGIFY)
     else:
         kept = KeptFields.from_json(manifest.kept_fields)
         if kept.rule == KEEP_FIELDS_STRICT and wanted == KEEP_FIELDS_STRINGIFY:
-            _refuse_other_types(kept, decide_kept_fields(options, wanted, probe.kept, probe.sample_file, files)[0],
-                                url)
+            _refuse_other_types(kept, decide(wanted), url)
         check_columns(kept, options, files)
     if kept.rule != wanted and kept.stringified:
-        typed = decide_kept_fields(options, wanted, probe.kept, probe.sample_file, files)[0]
+        typed = decide(wanted)
         fields = [name for name in kept.stringified if name not in typed.stringified]
         if fields:
             reporter.message(f"kept field(s) {', '.join(fields)} stay JSON text in {url}, as it was first written "

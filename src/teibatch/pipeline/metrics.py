@@ -70,8 +70,10 @@ class MetricsReporter(SilentReporter):
         self._auth: tuple[str, str] | None = None
         if push_url:
             self._gateway, self._auth = _split_gateway(push_url)
+        # This reporter is the registry's only collector, its metrics made afresh on every collect; their names
+        # vary with the run's stage, so none are declared to check against (no describe, auto_describe off).
         self.registry: CollectorRegistry = prometheus.CollectorRegistry(auto_describe=False)
-        self.registry.register(cast("Collector", _Families(self._families)))
+        self.registry.register(cast("Collector", self))
         self.run_id: str | None = None
         self._started_at: float | None = None
         self._planned: tuple[int, int] | None = None  # shards, documents
@@ -155,7 +157,7 @@ class MetricsReporter(SilentReporter):
             self._previous_success = _last_success_in(Path(self.textfile), self.job_name)
         write_to_textfile(self.textfile, self.registry)
 
-    def _families(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Metric]:
         """Every metric as it stands: progress once the run started, the outcome once it finished."""
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
@@ -262,19 +264,6 @@ def _servers(gauge: Gauge, servers: dict[str, dict[str, Any]]) -> Iterator[Metri
     yield gauge("teibatch_run_server_errors", "Failed requests to each server in the latest run, by kind.",
                 [((url, kind), _number(n)) for url, s in named for kind, n in s.get("errors", {}).items()],
                 ("server", "kind"))
-
-
-class _Families:
-    """A collector whose metrics are made afresh on every collect (the registry's only one)."""
-
-    def __init__(self, families: Callable[[], Iterable[Metric]]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # names vary with the run's stage; nothing to check against
 
 
 def label_url(url: str) -> str:

@@ -85,7 +85,7 @@ class RayStart:
 
 
 @contextmanager
-def ray_session(address: str | None, timings: dict[str, float] | None = None) -> Iterator[RayStart]:
+def ray_session(address: str | None, timings: dict[str, float]) -> Iterator[RayStart]:
     """Ray for the length of the block: the one already initialised, ``address``, or a private local one.
 
     Ray starts in the background as the block begins; call ``wait()`` on what this yields before
@@ -96,7 +96,7 @@ def ray_session(address: str | None, timings: dict[str, float] | None = None) ->
         yield start
     finally:
         start.close()
-        if timings is not None and start.seconds:
+        if start.seconds:
             timings["ray_start_s"] = start.seconds
             timings["ray_wait_s"] = start.waited_seconds
 
@@ -185,13 +185,13 @@ def _skip_service(self: object, **_: object) -> None:
     """Start nothing (see :data:`IDLE_SERVICES`)."""
 
 
-def _check_reachable(address: str, timeout: float = REACH_TIMEOUT_S) -> None:
+def _check_reachable(address: str) -> None:
     """Fail in seconds on an address where nothing listens (``ray.init`` itself waits minutes)."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return  # "auto", or a form Ray resolves itself
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
         raise RayUnavailable(_explain(address, exc)) from exc
 

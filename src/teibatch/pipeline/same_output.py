@@ -98,8 +98,8 @@ def _differences(stored: Mapping[str, Any], new: Mapping[str, Any]) -> list[tupl
     """``(key, stored value, job's value)`` for each option of ``new`` that ``stored`` holds otherwise or lacks,
     then each chunking option ``stored`` holds and ``new`` lacks (an output chunked, a job that is not: null),
     and each of :data:`OFF_VALUES` one of them holds on and the other lacks (off)."""
-    changed = [(key, stored.get(key, OFF_VALUES.get(key, NOT_RECORDED)), value) for key, value in new.items()
-               if stored.get(key, OFF_VALUES.get(key, NOT_RECORDED)) != value]
+    changed = [(key, old, value) for key, value in new.items()
+               if (old := stored.get(key, OFF_VALUES.get(key, NOT_RECORDED))) != value]
     return changed + [(key, value, OFF_VALUES.get(key)) for key, value in stored.items()
                       if (key.startswith("chunking.") or key in OFF_VALUES) and key not in new
                       and value != OFF_VALUES.get(key)]
