@@ -184,9 +184,7 @@ class _Sending:
 
     async def run(self) -> None:
         try:
-            for chunk, count in enumerate(self.open_requests):
-                if not count:
-                    self._deposit(chunk)  # nothing of it could be sent: the sender embeds it all
+            self._deposit_closed()  # a chunk nothing of which could be sent: the sender embeds it all
             self._dispatch()
             await self.done.wait()
         finally:
@@ -227,9 +225,7 @@ class _Sending:
         self.waiting.clear()
         for server in self.pool.servers:
             self._release(server, self.held[server.url] - server.in_flight)
-        for chunk, count in enumerate(self.open_requests):
-            if not count:
-                self._deposit(chunk)
+        self._deposit_closed()
         self._check_done()
 
     async def _send(self, server: Server, item: PlannedRequest) -> None:
@@ -263,6 +259,12 @@ class _Sending:
         if self.open_requests[chunk] >= 0:
             self.open_requests[chunk] = -1  # deposited: once only
             self.deposit(chunk * self.head.chunk_size, self.results[chunk])
+
+    def _deposit_closed(self) -> None:
+        """Deposit each chunk that has no request waiting or on its way (and was not deposited yet)."""
+        for chunk, count in enumerate(self.open_requests):
+            if not count:
+                self._deposit(chunk)
 
     def _check_done(self) -> None:
         if not self.sending and not any(server.in_flight for server in self.pool.servers):
