@@ -126,13 +126,11 @@ class HeadStartRequests:
             with contextlib.suppress(RuntimeError):  # the thread ended meanwhile
                 loop.call_soon_threadsafe(go.set)
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Wait for the thread (at most ``timeout``); requests not sent or still out then are cancelled."""
+    def stop(self) -> None:
+        """Wait for the thread (at most :data:`STOP_TIMEOUT_S`); requests not sent or still out then are cancelled."""
         if self._thread is None:
             return
-        if self._dimension is None:
-            timeout = 0.0  # never told to go: nothing to wait for
-        self._thread.join(timeout)
+        self._thread.join(0.0 if self._dimension is None else STOP_TIMEOUT_S)  # never told to go: nothing to wait for
         loop = self._loop
         if self._thread.is_alive() and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
