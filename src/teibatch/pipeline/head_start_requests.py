@@ -126,13 +126,11 @@ class HeadStartRequests:
             with contextlib.suppress(RuntimeError):  # the thread ended meanwhile
                 loop.call_soon_threadsafe(go.set)
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Wait for the thread (at most ``timeout``); requests not sent or still out then are cancelled."""
+    def stop(self) -> None:
+        """Wait for the thread (at most :data:`STOP_TIMEOUT_S`); requests not sent or still out then are cancelled."""
         if self._thread is None:
             return
-        if self._dimension is None:
-            timeout = 0.0  # never told to go: nothing to wait for
-        self._thread.join(timeout)
+        self._thread.join(0.0 if self._dimension is None else STOP_TIMEOUT_S)  # never told to go: nothing to wait for
         loop = self._loop
         if self._thread.is_alive() and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
@@ -184,9 +182,7 @@ class _Sending:
 
     async def run(self) -> None:
         try:
-            for chunk, count in enumerate(self.open_requests):
-                if not count:
-                    self._deposit(chunk)  # nothing of it could be sent: the sender embeds it all
+            self._deposit_closed()  # a chunk nothing of which could be sent: the sender embeds it all
             self._dispatch()
             await self.done.wait()
         finally:
@@ -227,9 +223,7 @@ class _Sending:
         self.waiting.clear()
         for server in self.pool.servers:
             self._release(server, self.held[server.url] - server.in_flight)
-        for chunk, count in enumerate(self.open_requests):
-            if not count:
-                self._deposit(chunk)
+        self._deposit_closed()
         self._check_done()
 
     async def _send(self, server: Server, item: PlannedRequest) -> None:
@@ -263,6 +257,12 @@ class _Sending:
         if self.open_requests[chunk] >= 0:
             self.open_requests[chunk] = -1  # deposited: once only
             self.deposit(chunk * self.head.chunk_size, self.results[chunk])
+
+    def _deposit_closed(self) -> None:
+        """Deposit each chunk that has no request waiting or on its way (and was not deposited yet)."""
+        for chunk, count in enumerate(self.open_requests):
+            if not count:
+                self._deposit(chunk)
 
     def _check_done(self) -> None:
         if not self.sending and not any(server.in_flight for server in self.pool.servers):

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import gc
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -229,12 +229,8 @@ def probed_senders(senders: Sequence[SenderRef], dimension: int) -> list[SenderR
 def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict[str, object]]:
     """Per-server stats from every sender actor, then the actors killed (a dead one reports nothing)."""
     stats: dict[str, dict[str, object]] = {}
-    refs: list[ray.ObjectRef[Any]] = [actor.stats.remote() for actor in actors]
-    for ref in refs:
-        try:
-            stats.update(ray.get(ref, timeout=timeout))
-        except (ray.exceptions.RayError, TimeoutError):
-            continue
+    for answer in _answers([actor.stats.remote() for actor in actors], timeout):
+        stats.update(answer)
     for actor in actors:
         ray.kill(actor, no_restart=True)
     return stats
@@ -242,11 +238,13 @@ def stop_senders(actors: Sequence[Any], timeout: float = 10.0) -> dict[str, dict
 
 def sender_news(senders: Sequence[SenderRef], timeout: float = 2.0) -> list[str]:
     """What the senders have to say about faults since last asked (nothing from a busy or dead one)."""
-    lines: list[str] = []
-    refs: list[ray.ObjectRef[Any]] = [s.actor.news.remote() for s in senders]
+    return [line for answer in _answers([s.actor.news.remote() for s in senders], timeout) for line in answer]
+
+
+def _answers(refs: list[ray.ObjectRef[Any]], timeout: float) -> Iterator[Any]:
+    """The answer of each of ``refs`` in turn, each waited for at most ``timeout`` (none from a dead or busy actor)."""
     for ref in refs:
         try:
-            lines += ray.get(ref, timeout=timeout)
+            yield ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayError, TimeoutError):
             continue
-    return lines

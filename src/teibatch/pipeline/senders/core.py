@@ -154,7 +154,7 @@ class SenderCore:
 
     async def connect(self) -> None:
         """Set up the pool and open the connections its first requests will use (:meth:`ServerClients.open`)."""
-        pool, _, _ = self._start()
+        pool = self.pool
         await self.clients.open((server.client.endpoint for server in pool.servers),
                                 min(max(server.max_requests for server in pool.servers), CONNECTIONS_AHEAD),
                                 self.plan.api_key_env)
@@ -197,7 +197,7 @@ class SenderCore:
     def lose(self, url: str, replacement_coming: bool) -> bool:
         """The cloud took the server at ``url`` back (see :meth:`EndpointPool.lose`); with
         ``replacement_coming``, the pool waits for :meth:`add` rather than give up with no server left."""
-        pool, _, _ = self._start()
+        pool = self.pool
         if replacement_coming:
             pool.expect()
         lost = pool.lose(url)
@@ -208,7 +208,7 @@ class SenderCore:
 
     async def add(self, server: ServerPlan) -> None:
         """A replacement server joins this sender's pool; its connections are opened first."""
-        pool, _, _ = self._start()
+        pool = self.pool
         await self.clients.open([server.endpoint], min(server.limits.max_requests, CONNECTIONS_AHEAD),
                                 self.plan.api_key_env)
         pool.add(self._server_for(server))
@@ -216,8 +216,7 @@ class SenderCore:
 
     def not_coming(self) -> None:
         """A replacement announced by :meth:`lose` will not come."""
-        pool, _, _ = self._start()
-        pool.unexpect()
+        self.pool.unexpect()
 
     def _server_for(self, server: ServerPlan) -> Server:
         plan = self.plan
@@ -226,7 +225,7 @@ class SenderCore:
                                 expected_dimension=self.dimension, normalized=plan.embed.normalize), server.limits)
 
     def _server(self, url: str) -> tuple[EndpointPool, Server | None]:
-        pool, _, _ = self._start()
+        pool = self.pool
         return pool, next((server for server in pool.servers if server.url == url), None)
 
     def stats(self) -> dict[str, dict[str, object]]:

@@ -70,11 +70,6 @@ class SenderPlan:
         return CHUNK_BATCHES * max(p.limits.max_batch_size for p in self.servers)
 
 
-def sender_count(servers: int) -> int:
-    """How many senders share ``servers`` servers: one per ``SERVERS_PER_SENDER``."""
-    return max(1, math.ceil(servers / SERVERS_PER_SENDER))
-
-
 def plan_senders(whole: SenderPlan) -> list[SenderPlan]:
     """``whole`` (the plan of every server of the run) split between senders (:func:`split_servers`)."""
     return [replace(whole, servers=tuple(own)) for own in split_servers(whole.servers)]
@@ -82,7 +77,7 @@ def plan_senders(whole: SenderPlan) -> list[SenderPlan]:
 
 def split_servers(servers: Sequence[T]) -> list[Sequence[T]]:
     """``servers`` split between ``ceil(len / SERVERS_PER_SENDER)`` senders, round robin."""
-    count = sender_count(len(servers))
+    count = max(1, math.ceil(len(servers) / SERVERS_PER_SENDER))
     return [servers[i::count] for i in range(count)]
 
 
