@@ -197,11 +197,6 @@ class EndpointPool:
         """A body this size fits every server."""
         return min(s.payload_limit for s in self.servers)
 
-    @property
-    def capacity(self) -> int:
-        """Inputs that may be in flight over all healthy servers."""
-        return sum(s.window.limit for s in self.servers if s.healthy)
-
     def pick(self, want: int, avoid: str | None = None) -> Server | None:
         """The healthy server with the most room for a request of up to ``want`` inputs, or None.
 
