@@ -128,9 +128,9 @@ class EmbedResult:
         return cls(whole.vectors, whole.ok, failures, whole.truncated)
 
 
-def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_CAP_S) -> float:
-    """Full-jitter exponential backoff: a random wait in [0, min(cap, base * 2**attempt)]."""
-    return random.uniform(0.0, min(cap, base * (2 ** min(attempt, 20))))
+def backoff(attempt: int, base: float = _BACKOFF_BASE_S) -> float:
+    """Full-jitter exponential backoff: a random wait in [0, min(_BACKOFF_CAP_S, base * 2**attempt)]."""
+    return random.uniform(0.0, min(_BACKOFF_CAP_S, base * (2 ** min(attempt, 20))))
 
 
 async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence[str], *,
