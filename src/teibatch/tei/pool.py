@@ -421,11 +421,8 @@ class EndpointPool:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, object]]:
-        result = {}
-        for s in self.servers:
-            result[s.url] = {**s.stats.to_json(), "window": s.window.limit,
-                             "window_decreases": s.window.decreases}
-        return result
+        return {s.url: {**s.stats.to_json(), "window": s.window.limit, "window_decreases": s.window.decreases}
+                for s in self.servers}
 
 
 def _fault(server: Server) -> str:
