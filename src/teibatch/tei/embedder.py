@@ -273,9 +273,9 @@ class _Run:
                     raise
                 self._land(flight)
                 if not (flight.settled or flight.twin_out):  # no other request may still answer for the texts
-                    unit = flight.unit
-                    self.queue.put(Unit(items, unit.attempts if unit else 0, unit.overloads if unit else 0, None,
-                                        loop.time(), unit.truncating if unit else False), first=True)
+                    unit = flight.unit or Unit(items)  # a fresh text's first request: no tries yet
+                    self.queue.put(Unit(items, unit.attempts, unit.overloads, None, loop.time(), unit.truncating),
+                                   first=True)
                 return
             expected = (len(items),) if self.sparse else (len(items), self.dimension)
             if vectors.shape != expected:
