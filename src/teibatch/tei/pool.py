@@ -6,7 +6,7 @@ exceed its window, so they never exceed ``max_concurrent_requests``. One pool is
 only sender to its servers for a whole run, shared by every concurrent :func:`embed_texts` call on
 its event loop (see ``pipeline/senders/``): whoever is sending right now uses the whole budget.
 
-A server that fails ``down_after`` times in a row (no answer, 5xx, or a wrong answer such as another
+A server that fails :data:`DOWN_AFTER` times in a row (no answer, 5xx, or a wrong answer such as another
 dimension or NaN values) is taken out and probed in the background: on ``/health``, then with a
 real checked embedding (a server that answers 502 pages or wrong vectors, or never answers an
 embedding, usually says 200 on ``/health`` all the same). It is put back when the probe passes;
@@ -36,7 +36,7 @@ from teibatch.tei.window import DEFAULT_LATENCY_FACTOR, ConcurrencyWindow
 
 DEFAULT_PROBE_INTERVAL_S = 1.0
 DEFAULT_DOWN_GRACE_S = 30.0
-DEFAULT_DOWN_AFTER = 3
+DOWN_AFTER = 3
 
 
 @dataclass
@@ -160,13 +160,12 @@ class EndpointPool:
     """
 
     def __init__(self, servers: list[Server], *, probe_interval: float = DEFAULT_PROBE_INTERVAL_S,
-                 down_grace: float = DEFAULT_DOWN_GRACE_S, down_after: int = DEFAULT_DOWN_AFTER) -> None:
+                 down_grace: float = DEFAULT_DOWN_GRACE_S) -> None:
         if not servers:
             raise CapacityUnavailable("no TEI server to send requests to")
         self.servers = servers
         self.probe_interval = probe_interval
         self.down_grace = down_grace
-        self.down_after = max(1, down_after)
         self.listeners: list[Callable[[], None]] = []
         # A one-text request with the run's options: how a server that answered wrongly is re-checked.
         self.probe_request: EmbedRequest | None = None
@@ -331,7 +330,7 @@ class EndpointPool:
         """A request to ``server`` got no useful answer; enough in a row take the server out."""
         server.failures += 1
         server.last_error = error
-        if server.failures >= self.down_after:
+        if server.failures >= DOWN_AFTER:
             self.mark_down(server)
 
     def mark_down(self, server: Server) -> None:
