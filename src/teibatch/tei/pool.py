@@ -356,13 +356,13 @@ class EndpointPool:
         self.wake()
         return True
 
-    def expect(self, count: int = 1) -> None:
-        """``count`` replacement servers are on their way: no server left is no reason to give up meanwhile."""
-        self._awaited += count
+    def expect(self) -> None:
+        """A replacement server is on its way: no server left is no reason to give up meanwhile."""
+        self._awaited += 1
 
-    def unexpect(self, count: int = 1) -> None:
-        """``count`` of the replacements expected will not come."""
-        self._awaited = max(0, self._awaited - count)
+    def unexpect(self) -> None:
+        """One of the replacements expected will not come."""
+        self._awaited = max(0, self._awaited - 1)
 
     def add(self, server: Server) -> None:
         """A new server (an expected replacement) joins the rotation."""
