@@ -23,7 +23,6 @@ counting as a failed try. While a replacement is on its way (:meth:`EndpointPool
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -416,8 +415,7 @@ class EndpointPool:
         tasks = [*self._probes, *self._outrun]
         for task in tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, object]]:
         return {s.url: {**s.stats.to_json(), "window": s.window.limit, "window_decreases": s.window.decreases}
