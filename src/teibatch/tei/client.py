@@ -171,11 +171,10 @@ class TeiClient:
         return check_vectors(vectors, count=request.count, dimension=self.expected_dimension,
                              normalized=self.normalized, server=self.url)
 
-    async def tokenize(self, body: bytes, *, timeout: float | None = None) -> bytes:
+    async def tokenize(self, body: bytes) -> bytes:
         """``POST /tokenize`` with a ready JSON body; the answer's bytes, which
         :mod:`teibatch.tei.tokenize` reads. Every other answer raises as on any route."""
-        response = await self._send("POST", "/tokenize", content=body, headers=_JSON_HEADERS,
-                                    timeout=timeout or self._timeout)
+        response = await self._send("POST", "/tokenize", content=body, headers=_JSON_HEADERS, timeout=self._timeout)
         return response.content
 
     async def _send(self, method: str, path: str, *, timeout: float, content: bytes | None = None,
@@ -199,13 +198,13 @@ class TeiClient:
         except httpx.HTTPError as exc:
             raise TeiUnavailable(f"connection failed ({type(exc).__name__}: {exc})", server=self.url) from exc
         if response.status_code == 401:
-            raise self._auth_error(response.status_code)
+            raise self._auth_error()
         if response.status_code != 200:
             raise error_from_response(self.url, response.status_code, response.content,
                                       response.headers.get("retry-after"))
         return response
 
-    def _auth_error(self, status: int) -> TeiAuthError:
+    def _auth_error(self) -> TeiAuthError:
         serving = f" (serving {self.model})" if self.model else ""
         if not self.endpoint.api_key:
             fix = ("it wants an API key and none was sent; put the key in an environment variable and name "
@@ -215,7 +214,7 @@ class TeiClient:
         else:
             fix = ("it refused the API key; put the right key in the environment variable named by "
                    "servers.api_key_env")
-        return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=status)
+        return TeiAuthError(f"401 Unauthorized{serving}: {fix}", server=self.url, status_code=401)
 
     async def _model_error(self, exc: WrongModelKind, *, sparse: bool) -> WrongModelKind:
         model, kind, pooling = self.model, "not an embedding model", None

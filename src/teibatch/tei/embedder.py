@@ -128,9 +128,9 @@ class EmbedResult:
         return cls(whole.vectors, whole.ok, failures, whole.truncated)
 
 
-def backoff(attempt: int, base: float = _BACKOFF_BASE_S, cap: float = _BACKOFF_CAP_S) -> float:
-    """Full-jitter exponential backoff: a random wait in [0, min(cap, base * 2**attempt)]."""
-    return random.uniform(0.0, min(cap, base * (2 ** min(attempt, 20))))
+def backoff(attempt: int, base: float = _BACKOFF_BASE_S) -> float:
+    """Full-jitter exponential backoff: a random wait in [0, min(_BACKOFF_CAP_S, base * 2**attempt)]."""
+    return random.uniform(0.0, min(_BACKOFF_CAP_S, base * (2 ** min(attempt, 20))))
 
 
 async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence[str], *,
@@ -273,9 +273,9 @@ class _Run:
                     raise
                 self._land(flight)
                 if not (flight.settled or flight.twin_out):  # no other request may still answer for the texts
-                    unit = flight.unit
-                    self.queue.put(Unit(items, unit.attempts if unit else 0, unit.overloads if unit else 0, None,
-                                        loop.time(), unit.truncating if unit else False), first=True)
+                    unit = flight.unit or Unit(items)  # a fresh text's first request: no tries yet
+                    self.queue.put(Unit(items, unit.attempts, unit.overloads, None, loop.time(), unit.truncating),
+                                   first=True)
                 return
             expected = (len(items),) if self.sparse else (len(items), self.dimension)
             if vectors.shape != expected:
@@ -285,7 +285,8 @@ class _Run:
             self._land(flight)
             server.stats.count_error(type(exc).__name__)
             if flight.settled or flight.twin_out:
-                self._note_fault(server, exc, sent_at)  # the texts are answered, or their twin may yet answer
+                # The texts are answered, or their twin may yet answer.
+                self._note_fault(server, exc, sent_at, loop.time())
             else:
                 self._handle(server, flight.unit, items, exc, flight.request, sent_at)
             return
@@ -309,10 +310,10 @@ class _Run:
             self.pool.flights.discard(flight)
             self.pool.release(flight.server, flight.request.count)
 
-    def _note_fault(self, server: Server, exc: TeiError, sent_at: float) -> None:
-        """What a failed request says about its server, when its texts need nothing more from it."""
+    def _note_fault(self, server: Server, exc: TeiError, sent_at: float, now: float) -> None:
+        """What a failed request says about its server (its window, its health), whatever becomes of its texts."""
         if isinstance(exc, TeiOverloaded):
-            self.pool.overloaded(server, sent_at=sent_at, now=asyncio.get_running_loop().time())
+            self.pool.overloaded(server, sent_at=sent_at, now=now)
         elif isinstance(exc, TeiUnavailable):
             self.pool.failed(server, exc)
         elif not isinstance(exc, (PayloadTooLarge, TooManyInputs, InputTooLong, TeiRequestError)):
@@ -321,12 +322,12 @@ class _Run:
     def _handle(self, server: Server, unit: Unit | None, items: list[Item], exc: TeiError,
                 request: EmbedRequest, sent_at: float) -> None:
         now = asyncio.get_running_loop().time()
+        self._note_fault(server, exc, sent_at, now)
         attempts = unit.attempts if unit is not None else 0
         overloads = unit.overloads if unit is not None else 0
         truncating = unit.truncating if unit is not None else False
         if isinstance(exc, TeiOverloaded):
             # Nothing was processed: wait and resend. Bounded, so a stuck server cannot loop forever.
-            self.pool.overloaded(server, sent_at=sent_at, now=now)
             if overloads >= MAX_OVERLOAD_RETRIES:
                 raise exc
             server.stats.retries += 1
@@ -347,16 +348,13 @@ class _Run:
                 self._split_or_fail(items, truncating, FAILURE_TOO_LONG, exc)
         elif isinstance(exc, TeiRequestError):
             self._split_or_fail(items, truncating, FAILURE_REFUSED, exc)
-        elif isinstance(exc, TeiUnavailable):
-            self.pool.failed(server, exc)
+        else:  # TeiUnavailable: _note_fault raised every other kind
             if attempts >= self.max_retries:
                 self._split_or_fail(items, truncating, FAILURE_EMBED, exc)
                 return
             server.stats.retries += 1
             wait = backoff(attempts, base=2 * _BACKOFF_BASE_S)
             self.queue.put(Unit(items, attempts + 1, 0, server.url, now + wait, truncating))
-        else:
-            raise exc  # 401, wrong model kind: nothing else can succeed
 
     def _split_or_fail(self, items: list[Item], truncating: bool, reason: str, exc: TeiError) -> None:
         if len(items) > 1:

@@ -80,7 +80,6 @@ class Batch:
 
     positions: tuple[int, ...]
     request: EmbedRequest
-    attempt: int = 0
 
 
 class RequestPacker:
@@ -168,15 +167,15 @@ class RequestPacker:
             yield Batch(tuple(positions), self.request(encoded, chars))
 
     def split(self, batch: Batch, texts: Sequence[str]) -> list[Batch]:
-        """Two halves of ``batch`` (``texts`` indexed by position), each counted as a fresh attempt."""
+        """Two halves of ``batch`` (``texts`` indexed by position)."""
         middle = len(batch.positions) // 2
         halves = (batch.positions[:middle], batch.positions[middle:])
         return [self.build(half, texts) for half in halves if half]
 
-    def build(self, positions: Sequence[int], texts: Sequence[str], attempt: int = 0) -> Batch:
+    def build(self, positions: Sequence[int], texts: Sequence[str]) -> Batch:
         encoded = [orjson.dumps(texts[p]) for p in positions]
         request = self.request(encoded, sum(len(texts[p]) for p in positions))
-        return Batch(positions=tuple(positions), request=request, attempt=attempt)
+        return Batch(positions=tuple(positions), request=request)
 
 
 def _body_frame(route: str, options: EmbedOptions) -> tuple[bytes, bytes]:

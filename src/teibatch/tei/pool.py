@@ -6,7 +6,7 @@ exceed its window, so they never exceed ``max_concurrent_requests``. One pool is
 only sender to its servers for a whole run, shared by every concurrent :func:`embed_texts` call on
 its event loop (see ``pipeline/senders/``): whoever is sending right now uses the whole budget.
 
-A server that fails ``down_after`` times in a row (no answer, 5xx, or a wrong answer such as another
+A server that fails :data:`DOWN_AFTER` times in a row (no answer, 5xx, or a wrong answer such as another
 dimension or NaN values) is taken out and probed in the background: on ``/health``, then with a
 real checked embedding (a server that answers 502 pages or wrong vectors, or never answers an
 embedding, usually says 200 on ``/health`` all the same). It is put back when the probe passes;
@@ -23,7 +23,6 @@ counting as a failed try. While a replacement is on its way (:meth:`EndpointPool
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from teibatch.tei.window import DEFAULT_LATENCY_FACTOR, ConcurrencyWindow
 
 DEFAULT_PROBE_INTERVAL_S = 1.0
 DEFAULT_DOWN_GRACE_S = 30.0
-DEFAULT_DOWN_AFTER = 3
+DOWN_AFTER = 3
 
 
 @dataclass
@@ -160,13 +159,12 @@ class EndpointPool:
     """
 
     def __init__(self, servers: list[Server], *, probe_interval: float = DEFAULT_PROBE_INTERVAL_S,
-                 down_grace: float = DEFAULT_DOWN_GRACE_S, down_after: int = DEFAULT_DOWN_AFTER) -> None:
+                 down_grace: float = DEFAULT_DOWN_GRACE_S) -> None:
         if not servers:
             raise CapacityUnavailable("no TEI server to send requests to")
         self.servers = servers
         self.probe_interval = probe_interval
         self.down_grace = down_grace
-        self.down_after = max(1, down_after)
         self.listeners: list[Callable[[], None]] = []
         # A one-text request with the run's options: how a server that answered wrongly is re-checked.
         self.probe_request: EmbedRequest | None = None
@@ -196,11 +194,6 @@ class EndpointPool:
     def smallest_payload_limit(self) -> int:
         """A body this size fits every server."""
         return min(s.payload_limit for s in self.servers)
-
-    @property
-    def capacity(self) -> int:
-        """Inputs that may be in flight over all healthy servers."""
-        return sum(s.window.limit for s in self.servers if s.healthy)
 
     def pick(self, want: int, avoid: str | None = None) -> Server | None:
         """The healthy server with the most room for a request of up to ``want`` inputs, or None.
@@ -336,7 +329,7 @@ class EndpointPool:
         """A request to ``server`` got no useful answer; enough in a row take the server out."""
         server.failures += 1
         server.last_error = error
-        if server.failures >= self.down_after:
+        if server.failures >= DOWN_AFTER:
             self.mark_down(server)
 
     def mark_down(self, server: Server) -> None:
@@ -362,13 +355,13 @@ class EndpointPool:
         self.wake()
         return True
 
-    def expect(self, count: int = 1) -> None:
-        """``count`` replacement servers are on their way: no server left is no reason to give up meanwhile."""
-        self._awaited += count
+    def expect(self) -> None:
+        """A replacement server is on its way: no server left is no reason to give up meanwhile."""
+        self._awaited += 1
 
-    def unexpect(self, count: int = 1) -> None:
-        """``count`` of the replacements expected will not come."""
-        self._awaited = max(0, self._awaited - count)
+    def unexpect(self) -> None:
+        """One of the replacements expected will not come."""
+        self._awaited = max(0, self._awaited - 1)
 
     def add(self, server: Server) -> None:
         """A new server (an expected replacement) joins the rotation."""
@@ -422,15 +415,11 @@ class EndpointPool:
         tasks = [*self._probes, *self._outrun]
         for task in tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stats(self) -> dict[str, dict[str, object]]:
-        result = {}
-        for s in self.servers:
-            result[s.url] = {**s.stats.to_json(), "window": s.window.limit,
-                             "window_decreases": s.window.decreases}
-        return result
+        return {s.url: {**s.stats.to_json(), "window": s.window.limit, "window_decreases": s.window.decreases}
+                for s in self.servers}
 
 
 def _fault(server: Server) -> str:

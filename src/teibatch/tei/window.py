@@ -36,11 +36,10 @@ WARMUP_SAMPLES = 8
 class ConcurrencyWindow:
     """AIMD limit on one client's inputs in flight to one server, in ``[floor, ceiling]``."""
 
-    def __init__(self, ceiling: int, step: int, *, floor: int | None = None,
-                 latency_factor: float = DEFAULT_LATENCY_FACTOR) -> None:
+    def __init__(self, ceiling: int, step: int, *, latency_factor: float = DEFAULT_LATENCY_FACTOR) -> None:
         self.ceiling = max(1, ceiling)
         self.step = max(1, min(step, self.ceiling))
-        self.floor = max(1, min(floor or self.step, self.ceiling))
+        self.floor = self.step
         self.latency_factor = latency_factor
         self.limit = self.ceiling
         self.decreases = 0
@@ -54,11 +53,6 @@ class ConcurrencyWindow:
 
     def __repr__(self) -> str:
         return f"ConcurrencyWindow(limit={self.limit}, floor={self.floor}, ceiling={self.ceiling})"
-
-    @property
-    def latency(self) -> float | None:
-        """The recent latency (seconds), ``None`` before the first answer."""
-        return self._fast
 
     def on_success(self, inputs: int, latency: float, *, sent_at: float, now: float) -> None:
         """A request of ``inputs`` sent at ``sent_at`` answered after ``latency`` seconds."""
