@@ -234,25 +234,9 @@ class LambdaProvider(HostedProvider):
 
     def destroy(self, *, waive_export: bool = False) -> list[str]:
         problems = []
-        if self._rental is not None:
+        if self._rental is not None:  # VMs that serve no container any more (also those no create call answered for)
             served = {server.name for server in self.hosted.servers if server.state is not InstanceState.DESTROYED}
-            try:
-                for found in self._rental.leftovers():  # also VMs whose create call never answered
-                    if found.name not in served:
-                        item = self._rental.rented.setdefault(found.name, Rented(found.name))
-                        item.id, item.terminated = found.id, False
-            except FleetError as exc:
-                problems.append(f"could not list the run's instances: {exc}")
-            for item in self._rental.rented.values():
-                if item.name in served or item.terminated:
-                    continue
-                try:
-                    self._rental.terminate(item)
-                except FleetError as exc:
-                    problems.append(f"{item.name}: {exc}")
-                    self._rental.note(item.name, InstanceState.UNKNOWN, error=str(exc))
-                    continue
-                self._rental.note(item.name, InstanceState.DESTROYED)
+            problems = self._rental.terminate_all(keep=served)
         try:
             kept = self.hosted.destroy(waive_export=waive_export)
         except FleetError as exc:
