@@ -337,21 +337,19 @@ def warm_up() -> None:
     pa.array(["warm"], pa.string())
 
 
-def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
-                 schema: VectorSchema | None = None,
+def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str], schema: VectorSchema,
                  by: str = "id") -> dict[str, tuple[str, np.ndarray | SparseVector, bool]]:
     """``id → (content_hash, vector, truncated)`` for the rows of ``parts`` whose id is in ``ids``;
     float32 vectors, or with ``schema.sparse`` each a :class:`~teibatch.sparse.SparseVector`. With
     ``by="content_hash"``, ``content_hash → …`` for the rows whose hash is in ``ids``.
 
-    ``schema``: the output's, whose :attr:`~VectorSchema.rule` the parts were written with (float32
-    without it). A quantized part gives its ``embedding_float`` column when it has one, else each stored vector's
+    ``schema``: the output's, whose :attr:`~VectorSchema.rule` the parts were written with. A quantized
+    part gives its ``embedding_float`` column when it has one, else each stored vector's
     :meth:`~Quantization.dequantize`, and only where that quantizes back to the very same stored
     values: a row that would not is left out, and embedded again. Parts that have disappeared are
     skipped too: reuse is an optimisation, never a requirement.
     """
-    rule = schema.rule if schema is not None else Quantization()
-    sparse = schema is not None and schema.sparse
+    rule, sparse = schema.rule, schema.sparse
     found: dict[str, tuple[str, np.ndarray | SparseVector, bool]] = {}
     for relative in parts:
         try:
@@ -379,7 +377,7 @@ def read_vectors(store: OutputStore, parts: Sequence[str], ids: set[str],
             if floats:
                 vectors, exact = stored.astype(np.float32), np.ones(len(stored), dtype=bool)
             else:
-                vectors = rule.dequantize(stored, schema.dimension if schema is not None else stored.shape[1])
+                vectors = rule.dequantize(stored, schema.dimension)
                 exact = (rule.quantize(vectors) == stored).all(axis=1)
         hashes = table.column("content_hash").to_pylist()
         flags = table.column("truncated").to_pylist()
