@@ -27,9 +27,8 @@ class ShardContext:
     """The output's kept-field types (``schema.kept``) and which fields are written as text."""
     chunking: ChunkPlan | None = None
     """How documents are cut into chunks; ``None``: each document is embedded whole."""
-    deduplicate: bool = False
-    """Identical texts are sent once (``corpus.deduplicate``): within the shard, and with ``dedup``
-    across the run's shards (``pipeline/dedup.py``)."""
     dedup: Dedup | None = None
+    """With ``corpus.deduplicate``, the run's registry: identical texts are sent once, within the shard
+    and across the run's shards (``pipeline/dedup.py``)."""
     moved: MovedTexts | None = None
     """Incremental mode: the earlier output's texts by content hash (``pipeline/moved_texts.py``)."""

@@ -312,7 +312,7 @@ def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, ke
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, deduplicate=job.corpus.deduplicate, dedup=dedup, moved=moved)
+                        chunking=chunking, dedup=dedup, moved=moved)
 
 
 def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,

@@ -189,7 +189,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     ``previous_parts`` are vectors parts of an earlier run that held this shard's documents; a
     document (or chunk) whose id and content hash are found there keeps its vector and is not sent again,
     as does one whose text ``context.moved`` finds elsewhere in the earlier output.
-    With ``context.deduplicate``, a text another unit of the run sends is not sent again: its vector
+    With ``context.dedup``, a text another unit of the run sends is not sent again: its vector
     is copied (``pipeline/dedup.py``).
     ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
     """
@@ -220,7 +220,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
         head = None
     to_embed: list[int] = []
     reused: Reused = {}
-    copies = ShardCopies(shard.id, units.hashes, context.dedup) if context.deduplicate else None
+    copies = ShardCopies(shard.id, units.hashes, context.dedup) if context.dedup is not None else None
 
     def texts_to_embed() -> Iterator[str]:
         batch: list[tuple[int, str]] = []
