@@ -223,13 +223,11 @@ VAST_KEY = "vast-test-key-" + "5" * 26
 @pytest.fixture
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Poll the fake clouds every 0.1 s instead of every 2 s (and look for lost instances every 0.2 s, not 10 s)."""
-    from teibatch.fleet import rental
-    from teibatch.fleet.providers import lambdacloud, vast
+    from teibatch.fleet import rental, shell
 
     monkeypatch.setattr(rental, "POLL_S", 0.1)
     monkeypatch.setattr(rental, "WATCH_S", 0.2)
-    monkeypatch.setattr(lambdacloud, "SSH_RETRY_S", 0.2)
-    monkeypatch.setattr(vast, "SSH_RETRY_S", 0.2)
+    monkeypatch.setattr(shell, "LOGIN_RETRY_S", 0.2)
 
 
 @pytest.fixture

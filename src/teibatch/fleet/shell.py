@@ -304,7 +304,7 @@ class Tunnel:
                 self.process.wait()
 
 
-def wait_login(shell: Shell, deadline: float, *, retry_s: float = LOGIN_RETRY_S) -> None:
+def wait_login(shell: Shell, deadline: float) -> None:
     """Wait until ``shell`` takes a login (a rented machine's sshd starts a little after its cloud says it
     runs, and a key attached to it takes a moment to apply); raise the last failure at ``deadline``
     (monotonic). A rejected host key is raised at once: waiting does not fix it."""
@@ -315,9 +315,9 @@ def wait_login(shell: Shell, deadline: float, *, retry_s: float = LOGIN_RETRY_S)
         except HostKeyRejected:
             raise
         except FleetError:
-            if time.monotonic() + retry_s >= deadline:
+            if time.monotonic() + LOGIN_RETRY_S >= deadline:
                 raise
-            time.sleep(retry_s)
+            time.sleep(LOGIN_RETRY_S)
 
 
 def free_port() -> int:

@@ -45,7 +45,6 @@ DEFAULT_API_URL = "https://cloud.lambdalabs.com/api/v1"
 API_URL_ENV = "TEIBATCH_LAMBDA_API_URL"
 API_KEY_ENV = "LAMBDA_API_KEY"
 API_KEY_FILE = Path("~/.lambda_cloud/lambda_keys")
-SSH_RETRY_S = 2.0
 _CAPACITY_CODES = ("insufficient-capacity", "quota-exceeded")
 _STATES = {"booting": CloudState.PENDING, "active": CloudState.READY, "unhealthy": CloudState.FAILED,
            "terminating": CloudState.GONE, "terminated": CloudState.GONE, "preempted": CloudState.GONE}
@@ -189,7 +188,7 @@ class LambdaProvider(HostedProvider):
         server = hosted.add(item.name, HostPlan(shell))
         hosted.note(server, None, required=True, host=shell.label, shell=shell.record())
         # sshd starts a little after the API says active: wait until the VM takes a login
-        hosted.attempt(server, lambda: wait_login(shell, deadline, retry_s=SSH_RETRY_S))
+        hosted.attempt(server, lambda: wait_login(shell, deadline))
         if server.state is not InstanceState.FAILED:
             hosted.attempt(server, lambda: hosted.launch(server, spec, deadline))
         if server.state is InstanceState.RUNNING:

@@ -85,7 +85,6 @@ SEARCH_LIMIT = 64
 SSH_PORT = 22
 SSH_RUNTYPE = "ssh_direc ssh_proxy"   # the CLI's --ssh --direct: a direct connection, the proxy as a fallback
 SSH_USER = "root"                      # who Vast's SSH launch lets in with the attached key
-SSH_RETRY_S = 2.0
 DEFAULT_MODEL_DIR = "/data"            # TEI's --huggingface-hub-cache in its images (HUGGINGFACE_HUB_CACHE)
 TEI_LOG = "/var/log/teibatch-tei.log"  # where TEI's output goes on an SSH instance (not in the model directory)
 SEED_MARKER = ".teibatch-seeded-{name}"  # in the model directory: written once the seed is done, removed as TEI starts
@@ -361,7 +360,7 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         try:
             if self.public_key:
                 self.api.attach_key(item.id, self.public_key)
-            wait_login(shell, deadline, retry_s=SSH_RETRY_S)
+            wait_login(shell, deadline)
         except FleetError as exc:
             return f"no SSH login to {shell.label} within servers.startup_timeout: {redact(str(exc), [self.api_key])}"
         self._shells[item.name] = shell
