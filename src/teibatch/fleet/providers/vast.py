@@ -154,14 +154,14 @@ def onstart_line(command: list[str], *, marker: str | None = None, wait_s: int =
     return f"nohup {shlex.join(router)} > {TEI_LOG} 2>&1 &"
 
 
-def bid_for(min_bid: float, max_price: float | None, margin: float = BID_MARGIN) -> float:
+def bid_for(min_bid: float, max_price: float | None) -> float:
     """What to bid on an offer whose minimum bid is ``min_bid``: a margin over it, at most ``max_price``.
 
     An offer whose minimum bid is over ``max_price`` keeps its minimum bid (the price cap refuses it).
     """
     if max_price is not None and min_bid > max_price:
         return min_bid
-    bid = math.ceil(min_bid * (1 + margin) * 1000) / 1000
+    bid = math.ceil(min_bid * (1 + BID_MARGIN) * 1000) / 1000
     return bid if max_price is None else min(bid, max_price)
 
 
