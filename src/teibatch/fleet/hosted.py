@@ -319,7 +319,8 @@ class HostedServers:
         for server in self.servers:
             if server.state is InstanceState.DESTROYED:
                 continue
-            destroys_host = self._destroys_host(server)
+            # destroying the host (every host with destroy_host, else one with a destroy_command) takes its volume
+            destroys_host = self.destroy_host is not None or bool(server.plan.destroy_command)
             removes_data = bool(self.remove_volume and server.volume) or destroys_host
             if removes_data and server.volume is not None and not (server.exported or waive_export):
                 kept.append(server.name)
@@ -330,8 +331,10 @@ class HostedServers:
             try:
                 if self.remove_volume and server.volume and server.state is InstanceState.REMOVED:
                     server.plan.shell.run(f"rm -rf -- {shlex.quote(server.volume)}", what="remove the volume")
-                if destroys_host:
-                    self._destroy_host(server)
+                if self.destroy_host is not None:
+                    self.destroy_host(server)
+                elif destroys_host:
+                    self._run_destroy_command(server)
             except FleetError as exc:
                 problems.append(f"{server.label} ({server.name}): {exc}")
                 self.note(server, None, error=str(exc))
@@ -346,18 +349,6 @@ class HostedServers:
             raise TeardownIncomplete(f"run {self.run_id}: could not destroy: {'; '.join(problems)}; "
                                      "`teibatch fleet sweep` retries")
         return kept
-
-    def _destroys_host(self, server: HostedServer) -> bool:
-        """Whether destroying ``server`` destroys its host (and so its volume): every host with
-        ``destroy_host``, else one with a ``destroy_command``."""
-        return self.destroy_host is not None or bool(server.plan.destroy_command)
-
-    def _destroy_host(self, server: HostedServer) -> None:
-        """Destroy the host of ``server`` (raise a :class:`FleetError` when it could not be done)."""
-        if self.destroy_host is not None:
-            self.destroy_host(server)
-        else:
-            self._run_destroy_command(server)
 
     def _run_destroy_command(self, server: HostedServer) -> None:
         """Run the host's ``destroy_command`` on this machine (a provider CLI call, typically)."""
