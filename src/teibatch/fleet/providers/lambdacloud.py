@@ -65,9 +65,8 @@ class LambdaApi(CloudApi):
 
     name = "lambda"
 
-    def __init__(self, api_key: str | None = None, *, base_url: str | None = None,
-                 timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
-        key = api_key or read_api_key("Lambda Cloud", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
+    def __init__(self, *, base_url: str | None = None, timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
+        key = read_api_key("Lambda Cloud", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
         self.billing = billing_rules()["lambda"]
         self._client = ApiClient("lambda", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key,
                                  classify=_classify, timeout=timeout)

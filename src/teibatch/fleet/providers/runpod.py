@@ -83,14 +83,14 @@ class RunPodApi(CloudApi):
 
     name = "runpod"
 
-    def __init__(self, api_key: str | None = None, *, cloud_type: str = "SECURE", base_url: str | None = None,
-                 graphql_url: str | None = None, timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
-        key = api_key or read_api_key("RunPod", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
+    def __init__(self, *, cloud_type: str = "SECURE", base_url: str | None = None,
+                 timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
+        key = read_api_key("RunPod", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
         self.cloud_type = cloud_type
         self.billing = billing_rules()["runpod"]
         self._rest = ApiClient("runpod", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
                                timeout=timeout)
-        self._graphql = ApiClient("runpod", graphql_url or api_url(GRAPHQL_URL_ENV, DEFAULT_GRAPHQL_URL), key,
+        self._graphql = ApiClient("runpod", api_url(GRAPHQL_URL_ENV, DEFAULT_GRAPHQL_URL), key,
                                   classify=_classify, timeout=timeout)
 
     def __repr__(self) -> str:

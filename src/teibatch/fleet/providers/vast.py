@@ -171,10 +171,10 @@ class VastApi(CloudApi):
 
     name = "vast"
 
-    def __init__(self, api_key: str | None = None, *, base_url: str | None = None,
+    def __init__(self, *, base_url: str | None = None,
                  timeout: float = DEFAULT_API_TIMEOUT_S, want: GpuWant | None = None, capacity: Capacity = "on-demand",
                  min_reliability: float = DEFAULT_MIN_RELIABILITY, disk_gb: int = DEFAULT_DISK_GB) -> None:
-        key = api_key or read_api_key("Vast.ai", API_KEY_ENV, [(path, _whole_file) for path in API_KEY_FILES])
+        key = read_api_key("Vast.ai", API_KEY_ENV, [(path, _whole_file) for path in API_KEY_FILES])
         self.billing = billing_rules()["vast"]
         self.want = want or GpuWant()
         self.capacity = capacity
