@@ -113,7 +113,6 @@ class Rental:
         self.api = api
         self.ledger = ledger
         self.run_id = run_id
-        self.poll_s = POLL_S
         self.rented: dict[str, Rented] = {}
         self.never_served = 0                 # instances given back because they never served, in all
         self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
@@ -232,7 +231,7 @@ class Rental:
                     waiting.remove(item)
             if not waiting or time.monotonic() >= deadline or self.closing.is_set():
                 return
-            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     def terminate(self, item: Rented) -> None:
         """Terminate ``item`` (found by name when its id was never learnt) and wait until the cloud says so."""
@@ -254,7 +253,7 @@ class Rental:
                 if not exc.retryable or time.monotonic() >= deadline:
                     raise
                 log.warning("%s: %s; sending the terminate again", item.name, exc)
-                time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         while True:
             seen = self.api.get(item.id)
             if seen is None or seen.state is CloudState.GONE:
@@ -264,7 +263,7 @@ class Rental:
                 status = seen.status or seen.state.value
                 raise TeardownIncomplete(f"{self.api.name}: {item.name} ({item.id}) still {status} "
                                          f"{TERMINATE_TIMEOUT_S:.0f}s after terminate; `teibatch fleet sweep` retries")
-            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     def give_back(self, item: Rented) -> FleetError | None:
         """Terminate an instance that will not serve, recorded with why (``item.error``): destroyed, or
