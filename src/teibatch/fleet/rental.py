@@ -81,7 +81,7 @@ class CloudApi(ABC):
         """The instance, or ``None`` when the cloud no longer knows it."""
 
     @abstractmethod
-    def list(self, prefix: str = NAME_PREFIX) -> list[CloudInstance]:
+    def list(self, prefix: str) -> list[CloudInstance]:
         """The account's instances whose name starts with ``prefix``, terminated ones left out."""
 
     @abstractmethod

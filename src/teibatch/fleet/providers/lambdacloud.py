@@ -108,7 +108,7 @@ class LambdaApi(CloudApi):
         data = self._client.call("GET", f"/instances/{instance_id}", what="get instance", missing_ok=True)
         return self._instance(data["data"]) if data else None
 
-    def list(self, prefix: str = "teibatch-") -> list[CloudInstance]:
+    def list(self, prefix: str) -> list[CloudInstance]:
         data = self._client.call("GET", "/instances", what="list instances")["data"]
         return [self._instance(i) for i in data if str(i.get("name") or "").startswith(prefix)]
 

@@ -141,7 +141,7 @@ class RunPodApi(CloudApi):
         pod = self._rest.call("GET", f"/pods/{instance_id}", what="get pod", missing_ok=True)
         return self._instance(pod) if pod else None
 
-    def list(self, prefix: str = "teibatch-") -> list[CloudInstance]:
+    def list(self, prefix: str) -> list[CloudInstance]:
         pods = self._rest.call("GET", "/pods", what="list pods")
         return [self._instance(p) for p in pods if str(p.get("name") or "").startswith(prefix)
                 and p.get("desiredStatus") != "TERMINATED"]

@@ -69,7 +69,7 @@ from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
 from teibatch.fleet.images import CONTAINER_PORT, ImageChoice
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import Capacity, GpuWant, Offer
-from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, CloudState, Rented
+from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState, Rented
 from teibatch.fleet.shell import Shell, SshLogin, SshShell, redact, shell_from_record, wait_login
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class VastApi(CloudApi):
         row = answer.get("instances") if isinstance(answer, Mapping) else None
         return self._instance(row) if isinstance(row, Mapping) and row else None
 
-    def list(self, prefix: str = NAME_PREFIX) -> list[CloudInstance]:
+    def list(self, prefix: str) -> list[CloudInstance]:
         answer = self._client.call("GET", "/instances/", what="show instances")
         found = [self._instance(row) for row in answer.get("instances") or []
                  if str(row.get("label") or "").startswith(prefix)]
