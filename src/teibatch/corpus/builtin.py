@@ -114,7 +114,7 @@ def is_builtin(path: str) -> bool:
 
 def load_builtin(path: str) -> BuiltinCorpus:
     """The builtin corpus ``path`` names, built once per process; unknown names raise ``CorpusMismatch``."""
-    name = path[len(BUILTIN_PREFIX):] if is_builtin(path) else path
+    name = path.removeprefix(BUILTIN_PREFIX)
     build = _BUILDERS.get(name)
     if build is None:
         known = ", ".join(BUILTIN_PREFIX + n for n in sorted(_BUILDERS))

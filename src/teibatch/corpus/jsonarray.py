@@ -24,7 +24,7 @@ _OPEN = {ord("["): ord("]"), ord("{"): ord("}")}
 
 
 class _Scanner:
-    """A growing window over the stream; everything before ``keep`` may be dropped on refill."""
+    """A growing window over the stream; a refill drops what lies before the open element or the scan position."""
 
     def __init__(self, stream: BinaryIO, chunk: int) -> None:
         self.stream = stream
@@ -33,18 +33,20 @@ class _Scanner:
         self.eof = False
         self.dropped = 0  # bytes of the stream before buf[0]
 
-    def refill(self, keep: int) -> int:
-        """Drop bytes before ``keep``, read one more chunk; returns how far offsets moved (or -1 at EOF)."""
+    def refill(self, pos: int, item: int | None) -> tuple[int, int | None] | None:
+        """Read one more chunk, dropping the bytes before ``item`` (or ``pos`` when ``item`` is ``None``);
+        returns ``pos`` and ``item`` moved with the bytes they point at, or ``None`` at EOF."""
         if self.eof:
-            return -1
+            return None
         data = self.stream.read(self.chunk)
         if not data:
             self.eof = True
-            return -1
+            return None
+        keep = pos if item is None else item
         del self.buf[:keep]
         self.dropped += keep
         self.buf += data
-        return keep
+        return pos - keep, None if item is None else item - keep
 
 
 def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
@@ -57,7 +59,7 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
     scan = _Scanner(stream, chunk)
     pos = 0
     while (first := _FIRST_VALUE.match(scan.buf, pos)) is None:
-        if scan.refill(0) < 0:
+        if scan.refill(pos, None) is None:
             raise Unreadable("empty JSON file; expected an array or an object holding a list", file=name)
     if scan.buf[first.start(1)] not in _OPEN:
         raise Unreadable("a .json corpus file must hold an array or an object with one list", file=name)
@@ -69,20 +71,18 @@ def iter_array_items(stream: BinaryIO, name: str, chunk: int = CHUNK_BYTES) -> I
     while True:
         match = _STRUCTURAL.search(scan.buf, pos)
         if match is None:
-            moved = scan.refill(item if item is not None else pos)
-            if moved < 0:
+            moved = scan.refill(pos, item)
+            if moved is None:
                 break
-            pos -= moved
-            item = item - moved if item is not None else None
+            pos, item = moved
             continue
         char, pos = scan.buf[match.start()], match.end()
         if char == ord('"'):
             while (end := _STRING_REST.match(scan.buf, pos)) is None:
-                moved = scan.refill(item if item is not None else pos)
-                if moved < 0:
+                moved = scan.refill(pos, item)
+                if moved is None:
                     raise Unreadable("the file ends inside a string", file=name)
-                pos -= moved
-                item = item - moved if item is not None else None
+                pos, item = moved
             pos = end.end()
         elif char in _OPEN:
             stack.append(char)

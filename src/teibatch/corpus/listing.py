@@ -36,7 +36,6 @@ class SourceFile:
     path: str
     url: str
     fingerprint: str
-    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
     root = resolve_root(options)
     if root.kind == "builtin":
         corpus = load_builtin(options.path)
-        return root, [SourceFile(corpus.source, corpus.source, corpus.fingerprint, len(corpus.records))]
+        return root, [SourceFile(corpus.source, corpus.source, corpus.fingerprint)]
     assert root.fs is not None
     try:
         if root.kind == "glob":
@@ -118,7 +117,7 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
         relative = root.relative(url)
         if root.kind != "file" and (_is_hidden(relative, hidden) or _is_excluded(relative, options.exclude)):
             continue
-        files.append(SourceFile(relative, url, fingerprint(info), _size(info)))
+        files.append(SourceFile(relative, url, fingerprint(info)))
     if not files:
         left_out = "hidden and _-prefixed files" + (f", and the output ({', '.join(options.exclude)}/)"
                                                      if options.exclude else "")
@@ -170,8 +169,3 @@ def _is_hidden(relative: str, hidden: tuple[str, ...]) -> bool:
 
 def _is_excluded(relative: str, exclude: tuple[str, ...]) -> bool:
     return any(relative == folder or relative.startswith(folder + "/") for folder in exclude)
-
-
-def _size(info: Mapping[str, Any]) -> int | None:
-    size = info.get("size")
-    return int(size) if isinstance(size, int) else None

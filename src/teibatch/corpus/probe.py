@@ -86,8 +86,8 @@ class CorpusProbe:
         return line
 
 
-def probe_corpus(options: CorpusOptions, *, records: int = PROBE_RECORDS) -> CorpusProbe:
-    """Open the corpus and check its first ``records`` records against ``options``.
+def probe_corpus(options: CorpusOptions) -> CorpusProbe:
+    """Open the corpus and check its first ``PROBE_RECORDS`` records against ``options``.
 
     Raises ``CorpusMismatch`` (exit code 2) when nothing matches the path, a file's format is
     unknown, the sampled records do not parse or a file breaks off within them (with
@@ -101,7 +101,7 @@ def probe_corpus(options: CorpusOptions, *, records: int = PROBE_RECORDS) -> Cor
     tried = candidates[:PROBE_FILES]
     for index in tried:
         source, fmt = sources[index], formats[index]
-        rows, schema = _sample(root, source, fmt, options, records)
+        rows, schema = _sample(root, source, fmt, options)
         if rows:
             return _check(options, len(sources), source, fmt, rows, schema)
     names = ", ".join(sources[i].path for i in tried)
@@ -109,15 +109,15 @@ def probe_corpus(options: CorpusOptions, *, records: int = PROBE_RECORDS) -> Cor
                          "check corpus.path and corpus.format", file=options.path)
 
 
-def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat, options: CorpusOptions,
-            records: int) -> tuple[list[tuple[Place, Row]], pa.Schema | None]:
-    """Up to ``records`` rows of ``source`` with their places, and its schema when it is Parquet."""
+def _sample(root: CorpusRoot, source: SourceFile, fmt: FileFormat,
+            options: CorpusOptions) -> tuple[list[tuple[Place, Row]], pa.Schema | None]:
+    """Up to ``PROBE_RECORDS`` rows of ``source`` with their places, and its schema when it is Parquet."""
     if fmt.name == "text":
         row = read_text(root.fs, source.url, fmt, source.path, options.text_field, options.on_bad_file)
         return [(Place(source.path), row)], None
     schema = parquet_schema(root.fs, source.url, source.path) if fmt.name == "parquet" else None
     columns = DocumentRules.for_format(options, fmt.name).columns()  # only Parquet reads by column
-    reading = iter_rows(root.fs, source.url, fmt, source.path, 0, records, columns=columns,
+    reading = iter_rows(root.fs, source.url, fmt, source.path, 0, PROBE_RECORDS, columns=columns,
                         on_bad_file=options.on_bad_file)
     with contextlib.closing(reading):
         return [(Place(source.path, number, line), row) for number, line, row in reading], schema

@@ -67,8 +67,6 @@ def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: s
             return 1  # reading it yields one Malformed row for the whole file
     if fmt.name == FORMAT_BUILTIN:
         return len(load_builtin(url).records)
-    if fmt.name == "text":
-        return 1
     return sum(1 for _ in iter_rows(fs, url, fmt, name, 0, None, parse=False, on_bad_file=on_bad_file))
 
 
