@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 SPECIAL_TOKENS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
@@ -97,12 +98,7 @@ def byte_offsets(text: str) -> list[int] | None:
     """Byte offset of each character boundary, or None when the text is ASCII (chars == bytes)."""
     if text.isascii():
         return None
-    offsets = [0]
-    total = 0
-    for ch in text:
-        total += len(ch.encode("utf-8", "surrogatepass"))
-        offsets.append(total)
-    return offsets
+    return list(accumulate((len(ch.encode("utf-8", "surrogatepass")) for ch in text), initial=0))
 
 
 class ApproxTokenizer:
