@@ -71,13 +71,13 @@ class RequestTimer:
             metrics.observe("te_request_input_length", p.tokens)
         metrics.inc("te_request_success", method=self.method)
         metrics.inc(f"te_{self.family}_success")
-        metrics.embedded(items, sum(p.tokens for p in prepared))
-        compute_type = "gpu+optimized" if state.config.simulate_gpu else "cpu"
+        tokens = sum(p.tokens for p in prepared)
+        metrics.embedded(items, tokens)
         headers = {
-            "x-compute-type": compute_type,
-            "x-compute-time": _ms(done - self.started),
+            "x-compute-type": "gpu+optimized" if state.config.simulate_gpu else "cpu",
+            "x-compute-time": _ms(total),
             "x-compute-characters": str(sum(p.chars for p in prepared)),
-            "x-compute-tokens": str(sum(p.tokens for p in prepared)),
+            "x-compute-tokens": str(tokens),
             "x-total-time": _ms(total),
             "x-tokenization-time": _ms(tokenization),
             "x-queue-time": _ms(queue),
