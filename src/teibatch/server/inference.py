@@ -22,16 +22,12 @@ from teibatch.server.validation import Prepared
 
 @dataclass(frozen=True)
 class Outcome:
-    """Results of one request's inputs, in input order, and the headers to send with them."""
+    """Results of one request's inputs, in input order, their tokens and the headers to send with them."""
 
     results: list[Any]
-    prepared: list[Prepared]
+    tokens: int
+    """Tokens of all inputs: the OpenAI ``usage`` numbers."""
     headers: dict[str, str]
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of all inputs: the OpenAI ``usage`` numbers."""
-        return sum(p.tokens for p in self.prepared)
 
 
 class RequestTimer:
@@ -83,7 +79,7 @@ class RequestTimer:
             "x-queue-time": _ms(queue),
             "x-inference-time": _ms(inference),
         }
-        return Outcome(list(results), prepared, headers)
+        return Outcome(list(results), tokens, headers)
 
 
 @contextmanager
