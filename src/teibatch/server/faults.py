@@ -111,10 +111,9 @@ async def inject_faults(request: web.Request, handler: Handler) -> web.StreamRes
             await asyncio.sleep(injector.config.latency_s)
         if decision.error is not None and decision.error != "drop":
             metrics.fault(decision.error)
-            error = _error(decision.error)
-            if error is None:
+            if decision.error == "500":
                 return web.Response(status=500, text="Internal Server Error", content_type="text/plain")
-            raise error
+            raise _error(decision.error)
         response = await handler(request)
         if decision.error == "drop" and isinstance(response, web.Response) and response.status == 200:
             metrics.fault("drop")
@@ -125,11 +124,9 @@ async def inject_faults(request: web.Request, handler: Handler) -> web.StreamRes
         injector.after_answer()
 
 
-def _error(kind: str) -> ApiError | None:
+def _error(kind: str) -> ApiError:
     if kind == "429":
         return overloaded(violation=None)
     if kind == "503":
         return ApiError("Unhealthy", "unhealthy")
-    if kind == "424":
-        return backend(INJECTED_BACKEND_ERROR, metric="inference")
-    return None
+    return backend(INJECTED_BACKEND_ERROR, metric="inference")

@@ -22,16 +22,12 @@ from teibatch.server.validation import Prepared
 
 @dataclass(frozen=True)
 class Outcome:
-    """Results of one request's inputs, in input order, and the headers to send with them."""
+    """Results of one request's inputs, in input order, their tokens and the headers to send with them."""
 
     results: list[Any]
-    prepared: list[Prepared]
+    tokens: int
+    """Tokens of all inputs: the OpenAI ``usage`` numbers."""
     headers: dict[str, str]
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of all inputs: the OpenAI ``usage`` numbers."""
-        return sum(p.tokens for p in self.prepared)
 
 
 class RequestTimer:
@@ -71,19 +67,19 @@ class RequestTimer:
             metrics.observe("te_request_input_length", p.tokens)
         metrics.inc("te_request_success", method=self.method)
         metrics.inc(f"te_{self.family}_success")
-        metrics.embedded(items, sum(p.tokens for p in prepared))
-        compute_type = "gpu+optimized" if state.config.simulate_gpu else "cpu"
+        tokens = sum(p.tokens for p in prepared)
+        metrics.embedded(items, tokens)
         headers = {
-            "x-compute-type": compute_type,
-            "x-compute-time": _ms(done - self.started),
+            "x-compute-type": "gpu+optimized" if state.config.simulate_gpu else "cpu",
+            "x-compute-time": _ms(total),
             "x-compute-characters": str(sum(p.chars for p in prepared)),
-            "x-compute-tokens": str(sum(p.tokens for p in prepared)),
+            "x-compute-tokens": str(tokens),
             "x-total-time": _ms(total),
             "x-tokenization-time": _ms(tokenization),
             "x-queue-time": _ms(queue),
             "x-inference-time": _ms(inference),
         }
-        return Outcome(list(results), prepared, headers)
+        return Outcome(list(results), tokens, headers)
 
 
 @contextmanager

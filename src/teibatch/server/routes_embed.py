@@ -79,7 +79,7 @@ async def _embed(state: ServerState, params: EmbedParams) -> Outcome:
     vectors = [_densify(v) if op == "sparse" else np.asarray(v) for v in outcome.results]
     if dims is not None:
         vectors = [_cut(v, dims, normalize=params.normalize) for v in vectors]
-    return Outcome(vectors, outcome.prepared, outcome.headers)
+    return Outcome(vectors, outcome.tokens, outcome.headers)
 
 
 def _densify(entry: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

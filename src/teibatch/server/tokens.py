@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 SPECIAL_TOKENS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
@@ -74,22 +75,18 @@ def _piece_id(piece: str, glued: bool) -> int:
 def _id_piece(token_id: int) -> tuple[str, bool] | None:
     """The piece an id stands for and whether it is glued to the previous one; None if unknown."""
     if _WORD_BASE <= token_id < _WORD_BASE + 2 * _WORD_GLUE:
-        code = token_id - _WORD_BASE
-        glued = code >= _WORD_GLUE
-        code %= _WORD_GLUE
+        glued, code = divmod(token_id - _WORD_BASE, _WORD_GLUE)
         chars = []
         for shift in (18, 12, 6, 0):
             digit = (code >> shift) & 63
             if digit:
                 chars.append(_ALPHABET[digit - 1])
-        return ("".join(chars), glued) if chars else None
+        return ("".join(chars), bool(glued)) if chars else None
     if _CHAR_BASE <= token_id < _CHAR_BASE + 2 * _CHAR_GLUE:
-        code = token_id - _CHAR_BASE
-        glued = code >= _CHAR_GLUE
-        code %= _CHAR_GLUE
+        glued, code = divmod(token_id - _CHAR_BASE, _CHAR_GLUE)
         if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
             return None
-        return chr(code), glued
+        return chr(code), bool(glued)
     return None
 
 
@@ -97,12 +94,7 @@ def byte_offsets(text: str) -> list[int] | None:
     """Byte offset of each character boundary, or None when the text is ASCII (chars == bytes)."""
     if text.isascii():
         return None
-    offsets = [0]
-    total = 0
-    for ch in text:
-        total += len(ch.encode("utf-8", "surrogatepass"))
-        offsets.append(total)
-    return offsets
+    return list(accumulate((len(ch.encode("utf-8", "surrogatepass")) for ch in text), initial=0))
 
 
 class ApproxTokenizer:

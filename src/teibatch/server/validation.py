@@ -98,7 +98,7 @@ def _prepare_ids(ids: tuple[int, ...], *, tokenizer: Tokenizer, max_length: int,
         kept = kept[:room] if direction == "right" else kept[len(kept) - room:]
         tokens = len(kept) + prompt_tokens
     text = tokenizer.decode(kept, skip_special_tokens=True)
-    return Prepared(text=(prompt + text) if prompt else text, tokens=tokens, chars=len(ids))
+    return Prepared(text=prompt + text, tokens=tokens, chars=len(ids))
 
 
 def prepare_all(items: Sequence[Item], *, tokenizer: Tokenizer, config: ServerConfig,
