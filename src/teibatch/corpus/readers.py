@@ -52,7 +52,8 @@ _PARQUET_BATCH = 65_536
 
 def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str,
                on_bad_file: str = ON_BAD_FILE_FAIL) -> int:
-    """How many rows ``url`` holds: Parquet from its footer, builtins from memory, others in one pass.
+    """How many rows ``url`` (a row format; a ``text`` file is one document) holds: Parquet from its
+    footer, builtins from memory, others in one pass.
 
     A file that cannot be read to its end raises ``CorpusMismatch`` (``on_bad_file: fail``), or
     counts the ``Malformed`` rows that reading it will yield (``reject``).
