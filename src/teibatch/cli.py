@@ -136,9 +136,11 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 
     from teibatch.corpus import probe_corpus
     from teibatch.corpus.overlap import exclusion_note
+    from teibatch.fleet.from_job import check_builtin_model
     from teibatch.job import load_job
 
     job = load_job(job_file, list(overrides))
+    check_builtin_model(job.servers, job.model.id)
     corpus = job.corpus_options()
     probe = probe_corpus(corpus)
     click.echo(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False).rstrip())

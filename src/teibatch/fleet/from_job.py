@@ -17,7 +17,7 @@ from teibatch.fleet.base import Provider
 from teibatch.fleet.hosted import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_VOLUME
 from teibatch.fleet.offers import Capacity, GpuWant
 from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
-from teibatch.fleet.providers.local import LocalProvider
+from teibatch.fleet.providers.local import LocalProvider, check_model
 from teibatch.fleet.providers.localdocker import LocalDockerProvider, docker_engine_available
 from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.providers.ssh import SshHost, SshProvider
@@ -59,6 +59,7 @@ def provider_for(servers: ServersSection, *, model_id: str | None, payload_limit
         return LocalDockerProvider(servers.count, model_id=model_id, image=servers.image,
                                    remove_volume=servers.remove_volume, server_args=tuple(servers.server_args),
                                    startup_timeout=_startup_timeout(servers), payload_limit=payload_limit, **options)
+    check_model(model_id, servers.server_args)
     return LocalProvider(servers.count, model_id=model_id, server_args=list(servers.server_args),
                          startup_timeout=servers.startup_timeout, payload_limit=payload_limit)
 
@@ -73,6 +74,13 @@ def api_key_from_env(servers: ServersSection) -> str | None:
         raise JobSpecError(f"the environment variable {name} is not set; it should hold the servers' API key",
                            key="servers.api_key_env")
     return value
+
+
+def check_builtin_model(servers: ServersSection, model_id: str | None) -> None:
+    """Refuse (:class:`~teibatch.errors.JobSpecError`) a model the job's built-in local servers cannot run;
+    any model passes where real TEI serves it (another provider, or Docker's TEI image)."""
+    if servers.provider == "local" and local_engine(servers, model_id) == "builtin":
+        check_model(model_id, servers.server_args)
 
 
 def local_engine(servers: ServersSection, model_id: str | None) -> str:

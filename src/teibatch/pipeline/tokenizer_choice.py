@@ -29,6 +29,9 @@ from teibatch.corpus import find_tokenizer_file
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.errors import TokenizerUnavailable
 from teibatch.fleet.from_job import BUILTIN_MODEL_PREFIX, local_engine
+from teibatch.fleet.providers.local import BACKEND_FLAG as BUILTIN_BACKEND_FLAG
+from teibatch.fleet.providers.local import DEFAULT_BACKEND as BUILTIN_DEFAULT_BACKEND
+from teibatch.fleet.providers.local import server_flag
 from teibatch.job import JobSpec
 from teibatch.pipeline.chunks import (
     COUNTER_CHARS,
@@ -40,8 +43,6 @@ from teibatch.pipeline.chunks import (
 )
 
 HASHING_MODEL_PREFIX = f"{BUILTIN_MODEL_PREFIX}hashing"
-BUILTIN_BACKEND_FLAG = "--backend"
-BUILTIN_DEFAULT_BACKEND = "hashing"
 
 CHARS = CounterSource(COUNTER_CHARS, "characters (strategy: chars)")
 HASHING = CounterSource(COUNTER_HASHING, "builtin-hashing")
@@ -88,16 +89,6 @@ def _builtin_rule(job: JobSpec, model_id: str | None, tried: list[str],
     except TokenizerUnavailable as exc:
         tried.append(f"the built-in {backend} backend's model: {exc}")
         return None
-
-
-def server_flag(server_args: tuple[str, ...], flag: str) -> str | None:
-    """The value of ``flag`` among a local server's flags (``--backend numpy`` or ``--backend=numpy``)."""
-    for index, arg in enumerate(server_args):
-        if arg == flag and index + 1 < len(server_args):
-            return server_args[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.partition("=")[2]
-    return None
 
 
 def _model_file(job: JobSpec, model_id: str | None, tried: list[str],

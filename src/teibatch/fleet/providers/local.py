@@ -17,14 +17,44 @@ from pathlib import Path
 import orjson
 
 from teibatch.endpoint import Endpoint
-from teibatch.errors import CapacityUnavailable
+from teibatch.errors import CapacityUnavailable, JobSpecError
 from teibatch.fleet.base import HEALTH_POLL_S, Capability, LaunchSpec, Provider, wait_healthy
 from teibatch.fleet.shell import die_with_parent
+from teibatch.server.backends import can_serve, servable_models
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
 WORKDIR_PREFIX = "teibatch-local-"
+BACKEND_FLAG = "--backend"
+DEFAULT_BACKEND = "hashing"
+
+
+def server_flag(server_args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value of ``flag`` among a local server's flags (``--backend numpy`` or ``--backend=numpy``)."""
+    for index, arg in enumerate(server_args):
+        if arg == flag and index + 1 < len(server_args):
+            return server_args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.partition("=")[2]
+    return None
+
+
+def check_model(model_id: str | None, server_args: tuple[str, ...] | list[str]) -> None:
+    """Refuse a ``model.id`` the built-in server cannot compute with the backend ``server_args`` name.
+
+    Started with ``--model-id`` of a model its backend does not run, the server would report that
+    name in ``/info`` (and the output's metadata would carry it) over vectors of another model.
+    """
+    backend = server_flag(server_args, BACKEND_FLAG) or DEFAULT_BACKEND
+    if can_serve(backend, model_id):
+        return
+    raise JobSpecError(
+        f"{model_id!r} is not a model the built-in servers can run with --backend {backend}; they would "
+        f"answer with other vectors under its name. They serve: {servable_models()} (set servers.server_args). "
+        f"To embed with {model_id} use real TEI: servers.engine: docker (TEI's CPU image, with a Docker engine), "
+        "servers.provider: static with servers.urls of TEI servers already running, ssh, or a GPU cloud",
+        key="model.id")
 
 
 def remove_orphan_workdirs(root: Path | None = None) -> list[Path]:
