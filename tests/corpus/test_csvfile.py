@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from teibatch.cli import main
 from teibatch.corpus.csvfile import csv_rows
 from teibatch.corpus.rows import Malformed, ReadPosition, Unreadable
+from teibatch.errors import CorpusMismatch
 
 
 def rows(data: bytes, start: int = 0, stop: int | None = None, *, reject: bool = False,
@@ -101,3 +106,25 @@ def test_tab_delimited() -> None:
 
 def test_each_row_carries_the_line_its_record_starts_on() -> None:
     assert lines(b'id,text\n\na,"two\nlines"\nb,x\n') == [3, 5]
+
+
+def test_a_column_named_twice_in_the_header_is_refused_naming_both_positions() -> None:
+    with pytest.raises(CorpusMismatch, match=r"c.csv:1: the header names column 'Body Text' twice, as columns 2 and 5"):
+        rows(b"Doc ID,Body Text,x,,Body Text\nd1,first,y,,second\n", reject=True)
+
+
+def test_unnamed_columns_may_repeat() -> None:
+    assert rows(b"id,text,,\na,b,c,d\n") == [(0, {"id": "a", "text": "b", "": "d"})]
+
+
+@pytest.mark.parametrize("command", [pytest.param("validate", id="validate"), pytest.param("run", id="run")])
+def test_a_job_on_a_csv_with_a_duplicated_header_exits_2_before_any_work(tmp_path: Path, command: str) -> None:
+    (tmp_path / "docs.csv").write_text("Doc ID,Body Text,x,,Body Text\nd1,first,y,,second\nd2,third,z,,fourth\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "corpus": {"path": str(tmp_path / "docs.csv"), "id_field": "Doc ID", "text_field": "Body Text"},
+        "servers": {"provider": "local", "count": 1}, "output": {"path": str(tmp_path / "out")}}))
+    result = CliRunner().invoke(main, [command, str(job)])
+    assert result.exit_code == 2, result.output
+    assert "docs.csv:1: the header names column 'Body Text' twice, as columns 2 and 5" in result.stderr
+    assert not (tmp_path / "out" / "vectors").exists()

@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 
 from teibatch.corpus.rows import Malformed, Place, ReadPosition, Row, Unreadable
+from teibatch.errors import CorpusMismatch
 
 CSV_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 """CSV cells may hold whole documents; the stdlib's default cap (128 KiB) is raised to this."""
@@ -107,11 +108,24 @@ def csv_rows(stream: Iterable[bytes], name: str, delimiter: str, start: int, sto
             continue
         if header is None:
             header = values
+            _check_header(header, name, lines.record[0] if lines.record else lines.line)
             continue
         if row >= start:
             yield row, lines.record[0] if lines.record else lines.line, dict(zip(header, values, strict=False))
         row += 1
         position.row = row
+
+
+def _check_header(header: list[str], name: str, line: int) -> None:
+    """Refuse a header naming one column twice: a row keeps one cell per name, and the other would be
+    lost without a word (the text embedded could be either column). Unnamed columns may repeat."""
+    seen: dict[str, int] = {}
+    for position, column in enumerate(header, start=1):
+        if column and column in seen:
+            raise CorpusMismatch(f"the header names column {column!r} twice, as columns {seen[column]} and "
+                                 f"{position}: a row would keep only one of them; rename one of the two",
+                                 file=name, line=line, field=column)
+        seen.setdefault(column, position)
 
 
 def _describe(exc: csv.Error, lines: _Lines) -> tuple[int, str]:
