@@ -3,7 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from teibatch.cli import main
 from teibatch.errors import JobSpecError
 from teibatch.job import load_job, parse_duration
 
@@ -117,7 +119,7 @@ def test_env_expansion_with_default_and_missing(tmp_path: Path) -> None:
     text = "corpus:\n  path: ${CORPUS_DIR}/x.jsonl\noutput:\n  path: ${OUT:-./default-out}\n"
     job = load_job(write(tmp_path, text), environ={"CORPUS_DIR": "/data"})
     assert job.corpus.path == "/data/x.jsonl"
-    assert job.output.path == "./default-out"
+    assert job.output.path == str(tmp_path / "default-out")  # relative to the job file's folder
     with pytest.raises(JobSpecError, match="CORPUS_DIR is not set") as caught:
         load_job(write(tmp_path, text), environ={})
     assert caught.value.key == "corpus.path"
@@ -219,3 +221,29 @@ def test_corpus_keep_fields_types(tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"^--set corpus.keep_fields_types=loose: Input should be 'strict' or "
                                            r"'stringify'"):
         load_job(write(tmp_path, MINIMAL), ["corpus.keep_fields_types=loose"])
+
+
+def test_relative_paths_in_a_job_file_are_taken_from_its_folder(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "a.jsonl").write_text('{"id": "a", "text": "one"}\n')
+    (project / "job.yaml").write_text("corpus:\n  path: data\noutput:\n  path: out\nexport:\n  to: ./volumes\n"
+                                      "  import_from: s3://bucket/volumes\nchunking:\n  tokenizer: auto\n"
+                                      "servers:\n  provider: ssh\n  hosts:\n    - {address: h, key_file: keys/id, "
+                                      "known_hosts: ~/.ssh/known_hosts}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job = load_job(Path("..") / "project" / "job.yaml", ["servers.inventory=hosts.yaml"])
+    assert Path(job.corpus.path).resolve() == project / "data"
+    assert Path(job.output.path).resolve() == project / "out"
+    assert Path(job.export.to or "").resolve() == project / "volumes"
+    assert Path(job.servers.hosts[0].key_file or "").resolve() == project / "keys" / "id"
+    # URLs, ~ paths, rule names and values given with --set (the current folder's) stay as written
+    assert (job.export.import_from, job.servers.hosts[0].known_hosts) == ("s3://bucket/volumes", "~/.ssh/known_hosts")
+    assert (job.chunking.tokenizer, job.servers.inventory) == ("auto", "hosts.yaml")
+    result = CliRunner().invoke(main, ["validate", str(project / "job.yaml"), "--set", "servers.provider=local",
+                                       "--set", "servers.hosts=[]"])
+    assert result.exit_code == 0, result.output
+    assert "sampled 1 record of a.jsonl" in result.stderr

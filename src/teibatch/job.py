@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -15,10 +16,11 @@ from typing import Any, Literal, get_args
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from teibatch.corpus.builtin import is_builtin
 from teibatch.corpus.overlap import output_inside
 from teibatch.corpus.records import DEFAULT_SHARD_DOCS, DEFAULT_TEXT_FIELD, CorpusOptions
 from teibatch.errors import JobSpecError
-from teibatch.jobfile import RawJob, every_problem, load_job_file, override_error, override_key
+from teibatch.jobfile import KeyPath, RawJob, every_problem, load_job_file, override_error, override_key
 from teibatch.sink.parts import CHUNK_COLUMNS, CHUNK_TEXT_COLUMN
 
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
@@ -420,10 +422,63 @@ class JobSpec(_Section):
         return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 
+PATH_KEYS: tuple[KeyPath, ...] = (("corpus", "path"), ("output", "path"), ("export", "to"), ("export", "import_from"),
+                                  ("servers", "inventory"), ("servers", "key_file"), ("chunking", "tokenizer"))
+"""The keys that name files or folders on this machine (or URLs); ``servers.hosts[*]`` adds :data:`HOST_PATH_KEYS`."""
+HOST_PATH_KEYS = ("key_file", "known_hosts")
+_NAMES_NOT_PATHS = frozenset({"auto", "builtin-hashing"})  # chunking.tokenizer's rules
+
+
 def load_job(path: str | Path, overrides: list[str] | None = None,
              environ: dict[str, str] | None = None) -> JobSpec:
-    """Load and validate a job file; raise :class:`JobSpecError` naming the file, the key and the line."""
-    return validate_job(load_job_file(path, overrides, environ))
+    """Load and validate a job file; raise :class:`JobSpecError` naming the file, the key and the line.
+
+    Relative paths written in the file are taken from the file's folder (see :func:`resolve_paths`).
+    """
+    raw = load_job_file(path, overrides, environ)
+    resolve_paths(raw)
+    return validate_job(raw)
+
+
+def resolve_paths(raw: RawJob) -> None:
+    """Make each relative local path the job file gives (:data:`PATH_KEYS`) relative to the file's folder.
+
+    A job then means the same files from whatever folder it is run (cron runs from the home folder).
+    URLs (``s3://``), ``builtin:`` corpora, absolute paths and ``~`` paths stay as written; a value given
+    with ``--set`` stays relative to the current folder, as a shell user expects of a command-line value.
+    The joined path stays relative when the file was named by a relative path, so messages stay short.
+    """
+    folder = os.path.dirname(raw.file)
+    if not folder:
+        return
+    servers = raw.data.get("servers")
+    hosts = servers.get("hosts") if isinstance(servers, dict) else None
+    host_keys = [("servers", "hosts", str(index), key) for index in range(len(hosts)) for key in HOST_PATH_KEYS] \
+        if isinstance(hosts, list) else []
+    for key in (*PATH_KEYS, *host_keys):
+        holder = _holder(raw.data, key)
+        value = holder.get(key[-1]) if holder is not None else None
+        if holder is not None and isinstance(value, str) and raw.override_of(key) is None and _local_relative(value):
+            holder[key[-1]] = os.path.normpath(os.path.join(folder, value))
+
+
+def _holder(data: dict[str, Any], key: KeyPath) -> dict[str, Any] | None:
+    """The mapping that holds ``key``'s value, or ``None`` when the file has no such place."""
+    node: Any = data
+    for part in key[:-1]:
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, dict) else None
+
+
+def _local_relative(value: str) -> bool:
+    """Whether ``value`` is a relative path on this machine (not a URL, a built-in corpus, ``~`` or a rule name)."""
+    return not ("://" in value or is_builtin(value) or value.startswith("~") or os.path.isabs(value)
+                or value in _NAMES_NOT_PATHS or not value)
 
 
 def validate_job(raw: RawJob) -> JobSpec:
