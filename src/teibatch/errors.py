@@ -6,7 +6,8 @@ The hierarchy::
     ├── JobSpecError            the job file or command line is wrong (exit code 2)
     │   └── TokenizerUnavailable chunking.tokenizer's file missing or unreadable (exit 2)
     ├── CorpusError             the corpus cannot be listed or read as a whole
-    │   └── CorpusMismatch      the corpus does not fit the job: no file, missing fields, unparsable (exit 2)
+    │   ├── CorpusMismatch      the corpus does not fit the job: no file, missing fields, unparsable (exit 2)
+    │   └── CorpusAccessDenied  the corpus's storage refuses the credentials: none, invalid, not allowed (exit 2)
     ├── TeiError                a TEI server answered with an error, or did not answer
     │   ├── TeiOverloaded       429: inputs in flight over max_concurrent_requests
     │   ├── PayloadTooLarge     413: request body over the server's payload limit
@@ -114,6 +115,16 @@ class CorpusError(TeibatchError):
 
     Single bad documents are never raised; they are rejected with a reason instead.
     """
+
+
+class CorpusAccessDenied(CorpusError):
+    """The storage holding the corpus refuses this machine's credentials: none found, invalid or expired,
+    or not allowed to list or read the path. Found before any work, like an output that cannot be
+    written (:class:`OutputUnwritable`): a configuration error, not a run to resume. Fix the credentials
+    (the environment, the store's usual file) or ``corpus.storage_options`` and run again.
+    """
+
+    exit_code = EXIT_USAGE
 
 
 class CorpusMismatch(CorpusError):

@@ -20,8 +20,8 @@ from fsspec.spec import AbstractFileSystem
 
 from teibatch.corpus.builtin import is_builtin, load_builtin
 from teibatch.corpus.records import CorpusOptions
-from teibatch.errors import CorpusError, CorpusMismatch
-from teibatch.storage_errors import STORAGE_ERRORS
+from teibatch.errors import CorpusAccessDenied, CorpusError, CorpusMismatch
+from teibatch.storage_errors import STORAGE_ERRORS, credentials_problem
 
 _GLOB_CHARS = frozenset("*?[")
 _CHECKSUM_KEYS = ("ETag", "etag", "checksum", "md5Hash", "md5", "crc32c", "sha256")
@@ -78,11 +78,17 @@ def resolve_root(options: CorpusOptions) -> CorpusRoot:
     except FileNotFoundError as exc:
         raise CorpusMismatch("no such file or directory; check corpus.path", file=options.path) from exc
     except STORAGE_ERRORS as exc:
-        raise CorpusError(f"{options.path}: storage refused: {exc}; check the storage's credentials and "
-                          "corpus.storage_options") from exc
+        raise _refused(options, "storage refused", exc) from exc
     if info.get("type") == "directory":
         return CorpusRoot(fs, pattern.rstrip("/"), pattern, "dir")
     return CorpusRoot(fs, posixpath.dirname(pattern), pattern, "file")
+
+
+def _refused(options: CorpusOptions, what: str, exc: BaseException) -> CorpusError:
+    """The error of a storage that refuses: a credentials problem is the job's configuration (exit 2),
+    anything else (a store down, a network cut) a run that may go through later."""
+    kind = CorpusAccessDenied if credentials_problem(exc) else CorpusError
+    return kind(f"{options.path}: {what}: {exc}; check the storage's credentials and corpus.storage_options")
 
 
 def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
@@ -107,8 +113,7 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
         else:
             found = {root.pattern: root.fs.info(root.pattern)}
     except STORAGE_ERRORS as exc:
-        raise CorpusError(f"{options.path}: storage refused the listing: {exc}; check the storage's credentials "
-                          "and corpus.storage_options") from exc
+        raise _refused(options, "storage refused the listing", exc) from exc
     hidden = _hidden_prefixes(root)
     files = []
     for url, info in found.items():
