@@ -247,3 +247,14 @@ def test_relative_paths_in_a_job_file_are_taken_from_its_folder(tmp_path: Path,
                                        "--set", "servers.hosts=[]"])
     assert result.exit_code == 0, result.output
     assert "sampled 1 record of a.jsonl" in result.stderr
+
+
+def test_set_chunking_strategy_null_turns_chunking_off(tmp_path: Path) -> None:
+    text = MINIMAL + "chunking:\n  strategy: tokens\n  max_tokens: 128\n  overlap_tokens: 16\n  title_field: title\n"
+    assert load_job(write(tmp_path, text)).chunking.enabled
+    job = load_job(write(tmp_path, text), ["chunking.strategy=null"])
+    assert not job.chunking.enabled and job.chunking.max_tokens == "auto"
+    # a chunking key given on the command line beside it is still refused, naming that option
+    with pytest.raises(JobSpecError, match=r"chunking.prefix is set but chunking is off: .* remove chunking.prefix "
+                                           r"\(with --set chunking.strategy=null, --set chunking.prefix=x\)"):
+        load_job(write(tmp_path, text), ["chunking.strategy=null", "chunking.prefix=x"])

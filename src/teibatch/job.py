@@ -297,7 +297,7 @@ class ChunkingSection(_Section):
             changed = [key for key in CHUNKING_OFF_KEYS if getattr(self, key) != type(self).model_fields[key].default]
             if changed:
                 raise ValueError(f"chunking.{changed[0]} is set but chunking is off: set chunking.strategy "
-                                 "(tokens, sentences, paragraphs or chars), or remove it")
+                                 f"(tokens, sentences, paragraphs or chars), or remove chunking.{changed[0]}")
         if isinstance(self.max_tokens, int) and self.overlap_tokens >= self.max_tokens:
             raise ValueError(f"chunking.overlap_tokens ({self.overlap_tokens}) must be below chunking.max_tokens "
                              f"({self.max_tokens})")
@@ -437,7 +437,20 @@ def load_job(path: str | Path, overrides: list[str] | None = None,
     """
     raw = load_job_file(path, overrides, environ)
     resolve_paths(raw)
+    _chunking_turned_off(raw)
     return validate_job(raw)
+
+
+def _chunking_turned_off(raw: RawJob) -> None:
+    """``--set chunking.strategy=null`` turns chunking off: the file's other chunking keys are set aside
+    (a section of a chunked job has several; ``--set`` cannot remove them one by one). Chunking keys
+    given with ``--set`` too stay, and are refused as with chunking off."""
+    section = raw.data.get("chunking")
+    key = ("chunking", "strategy")
+    if key not in raw.overrides or not isinstance(section, dict) or section.get("strategy") is not None:
+        return
+    given = {path[1] for path in raw.overrides if len(path) > 1 and path[0] == "chunking"}
+    raw.data["chunking"] = {name: value for name, value in section.items() if name in given}
 
 
 def resolve_paths(raw: RawJob) -> None:
