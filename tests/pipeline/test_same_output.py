@@ -155,3 +155,17 @@ def test_an_old_manifest_that_matches_gets_the_options_at_its_next_save(old_outp
     assert summary.shards_skipped == summary.shards_total == 1
     manifest = orjson.loads((old_output / "out" / "_manifest.json").read_bytes())
     assert manifest["options"] == job_for(old_output).output_options()
+
+
+def test_max_tokens_given_as_the_number_a_stored_auto_became_is_the_same_output(tmp_path: Path,
+                                                                                  ray_session: None) -> None:
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", [{"id": f"d{i}", "text": f"text {i} " * 200, "title": f"T{i}"}
+                                                  for i in range(4)])
+    first = run_job(job_for(tmp_path, chunking={"strategy": "tokens"}))  # max_tokens: auto
+    manifest = orjson.loads((tmp_path / "out" / "_manifest.json").read_bytes())
+    resolved = manifest["info"]["chunking"]["max_tokens"]
+    assert isinstance(resolved, int) and first.shards_committed == 1
+    again = run_job(job_for(tmp_path, chunking={"strategy": "tokens", "max_tokens": resolved}))
+    assert (again.shards_committed, again.shards_skipped) == (0, 1)
+    message = refusal(job_for(tmp_path, chunking={"strategy": "tokens", "max_tokens": resolved // 2}))
+    assert f'chunking.max_tokens: stored "auto", this job {resolved // 2}' in message, message

@@ -42,6 +42,8 @@ def open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manif
     if manifest.fingerprint == fingerprint:
         manifest.options = options
         return manifest
+    if _auto_as_resolved(manifest, options):
+        return manifest  # keeps its own options and fingerprint: the auto job still matches it
     if not any(entry.rows for entry in manifest.shards.values()):
         reporter.message(f"{store.url} holds no vectors yet; starting it afresh with this job's options",
                          event="output_restarted")
@@ -49,6 +51,17 @@ def open_manifest(store: OutputStore, job: JobSpec, reporter: Reporter) -> Manif
         remove_stale(store, fresh, live=set())
         return fresh
     raise OutputMismatch(mismatch_message(store, manifest, job))
+
+
+def _auto_as_resolved(manifest: Manifest, options: Mapping[str, Any]) -> bool:
+    """Whether the job differs from the output only in giving ``chunking.max_tokens`` as the number the
+    output's ``auto`` became (its manifest's info keeps it): the same chunks, so the same output."""
+    if manifest.options is None or not manifest.info:
+        return False
+    resolved = manifest.info.get("chunking", {}).get("max_tokens")
+    changed = _differences(manifest.options, options)
+    return bool(changed) and resolved is not None and all(
+        (key, stored, new) == ("chunking.max_tokens", "auto", resolved) for key, stored, new in changed)
 
 
 def check_vector_kind(store: OutputStore, manifest: Manifest, kind: str) -> None:
