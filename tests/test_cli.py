@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import orjson
 import pyarrow.dataset as ds
 import pytest
 import yaml
@@ -225,3 +226,24 @@ def test_the_summary_line_counts_deduplicated_documents(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(path), "-q"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("done: 3 documents embedded (1 deduplicated), 0 rejected;")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_summary_line_counts_kept_documents_and_gives_the_rate_beside_the_embedding_time(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    corpus = tmp_path / "c" / "a.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i}", "text": "doc {i}"}}\n' for i in range(6)))
+    path = write_job(tmp_path, corpus={"path": str(corpus), "id_field": "id"}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "local", "count": 1}, mode="incremental")
+    first = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert first.exit_code == 0, first.output
+    line = first.stdout.splitlines()[0]
+    assert line.startswith("done: 6 documents embedded, 0 rejected;")
+    report = orjson.loads(next((tmp_path / "out" / "runs").glob("*.json")).read_bytes())
+    total, embed = report["timings"]["total_s"], report["timings"]["embed_s"]
+    rate = f"{report['throughput_docs_per_s']:,.0f}"
+    assert line.endswith(f"; {total:.1f}s ({embed:.1f}s embedding, {rate} docs/s)"), line
+    corpus.write_text(corpus.read_text().replace('"doc 5"', '"doc five"'))  # one changed document
+    again = CliRunner().invoke(main, ["run", str(path), "-q"])
+    assert again.exit_code == 0, again.output
+    assert again.stdout.startswith("done: 1 documents embedded, 5 unchanged kept, 0 rejected;"), again.stdout

@@ -104,11 +104,14 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
                       f"({chunks['tokens_embedded']:,} tokens)" if chunks else "")
                    + (f" ({truncated:,} truncated)" if truncated else "")
                    + (f" ({deduplicated:,} deduplicated)" if deduplicated else "")
+                   + (f", {docs['skipped_unchanged']:,} unchanged kept" if docs["skipped_unchanged"] else "")
                    + f", {docs['rejected']:,} rejected"
                    + (f" ({reasons})" if reasons else "")
                    + f"; {summary.shards_committed} shards committed, {summary.shards_skipped} already done"
                    + f"; {report['timings'].get('total_s', 0):.1f}s"
-                   + (f", {report['throughput_docs_per_s']:,.0f} docs/s" if report["throughput_docs_per_s"] else ""))
+                   # the rate is the embedding phase's: said beside its own time, not the whole run's
+                   + (f" ({report['timings']['embed_s']:.1f}s embedding, {report['throughput_docs_per_s']:,.0f} docs/s)"
+                      if report["throughput_docs_per_s"] else ""))
         if lost := report.get("replacements"):
             replaced = sum(1 for entry in lost if entry["status"] == "replaced")
             click.echo(f"servers: {len(lost)} taken back by the cloud mid-run, {replaced} replaced "
