@@ -6,6 +6,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,41 @@ def test_chromium_renders_the_page(run_output: Path, tmp_path: Path) -> None:
     colours = {row[i:i + 3] for row in rows for i in range(0, len(row), 3)}
     assert len(colours) > 20, "the screenshot is not blank"
     assert bytes.fromhex(SERIES_COLOURS[0].lstrip("#")) in colours, "the throughput bars are drawn"
+
+
+@pytest.mark.slow  # a run in its own process, which starts its own Ray beside planning and the servers
+def test_the_timing_shares_add_up_to_the_whole_run(tmp_path: Path) -> None:
+    (tmp_path / "docs.jsonl").write_text("".join(f'{{"id": "d{i}", "text": "doc {i}"}}\n' for i in range(20)))
+    spec = {"corpus": {"path": str(tmp_path / "docs.jsonl"), "id_field": "id"},
+            "output": {"path": str(tmp_path / "out")}, "servers": {"provider": "local", "count": 1}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run([sys.executable, "-m", "teibatch", "run", str(tmp_path / "job.yaml"), "-q"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "ray_start_s" in run_report(tmp_path / "out")["timings"]
+    page = render_report(OutputStore(str(tmp_path / "out")))[1]
+    details = page.split('<section id="details">')[1].split("</table>")[0]
+    rows = dict(re.findall(r"<tr><td>([^<]+)</td><td>[^<]*</td><td>([^<]*)</td></tr>", details))
+    assert rows["total"] == "100%" and rows["ray_start"] == "–", rows  # Ray starts beside the other phases
+    shares = [int(share.rstrip("%")) for phase, share in rows.items() if phase != "total" and share != "–"]
+    assert 97 <= sum(shares) <= 103, rows  # each rounded to a whole percent
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_chunked_run_has_a_chunking_section(tmp_path: Path) -> None:
+    from teibatch.job import load_job
+    from teibatch.pipeline import run_job
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "docs.jsonl").write_bytes(b"".join(
+        orjson.dumps({"id": f"d{i}", "text": " ".join(f"word{j}" for j in range(300))}) + b"\n" for i in range(3)))
+    spec = {"corpus": {"path": str(tmp_path / "corpus"), "id_field": "id"}, "output": {"path": str(tmp_path / "out")},
+            "servers": {"provider": "local", "count": 1}, "chunking": {"strategy": "tokens", "max_tokens": 64}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    summary = run_job(load_job(str(tmp_path / "job.yaml")))
+    chunks = run_report(tmp_path / "out")["chunking"]["chunks"]
+    assert summary.status == "done" and chunks > 3
+    page = render_report(OutputStore(str(tmp_path / "out")))[1]
+    section = page.split('<section id="chunking">')[1].split("</section>")[0]
+    assert f"<tr><td>chunks</td><td>{chunks:,}</td></tr>" in section, section
+    assert "<code>builtin-hashing</code>" in section and "chunk-lengths" in charts(section)

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teibatch.errors import JobSpecError, SinkError
+from teibatch.pipeline.chunks import HISTOGRAM_LABELS
 from teibatch.pipeline.progress import WARNING_EVENTS
 from teibatch.sink import REJECTS_DIR, RUNS_DIR, Manifest, OutputStore, choose_run, run_ids
 from teibatch.svgdraw import CHART_WIDTH, CSS, as_number, element, escape, nice_ceiling, plain, svg, table
@@ -34,6 +35,9 @@ STATUS_COLOURS = {"done": "#1a7f37", "incomplete": "#9a6700", "interrupted": "#9
 SERIES_COLOURS = ("#0969da", "#8250df")
 TROUBLE_COLOUR = "#cf222e"
 TIMING_PHASES = ("plan_s", "ray_start_s", "ray_wait_s", "warm_up_s", "fleet_up_s", "embed_s", "total_s")
+TIMING_SEQUENCE = ("plan_s", "ray_wait_s", "fleet_up_s", "warm_up_s", "embed_s")
+"""The phases that follow one another, each a share of ``total_s``; the rest (``ray_start_s``: Ray
+starts in the background, and the run waits only ``ray_wait_s`` of it) overlaps them and has no share."""
 
 
 def render_report(store: OutputStore, run_id: str | None = None) -> tuple[str, str]:
@@ -124,8 +128,8 @@ def render_page(report: dict[str, Any], examples: dict[str, list[tuple[str, str]
     """The HTML page of ``report`` (a run report's JSON); ``examples`` as :func:`reject_examples` gives."""
     run_id = str(report.get("run_id", "unknown run"))
     sections = [_headline(report, output), _missing(report), _progress(report), _servers(report),
-                _latency(report), _rejects(report, examples or {}, unread_parts), _timeline(report),
-                _errors(report), _replacements(report), _cost(report), _details(report)]
+                _latency(report), _chunking(report), _rejects(report, examples or {}, unread_parts),
+                _timeline(report), _errors(report), _replacements(report), _cost(report), _details(report)]
     version = report.get("teibatch_version", "an unknown version")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
@@ -239,6 +243,24 @@ def _server_stats(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(url): _d(stats) for url, stats in _d(report.get("servers")).items()}
 
 
+def _chunking(report: dict[str, Any]) -> str:
+    """A chunked run's documents, chunks, tokens and token rule, and its chunks by length; nothing otherwise."""
+    chunking = _d(report.get("chunking"))
+    if not chunking:
+        return ""
+    rows = [[escape(label), _fmt(chunking.get(key))] for label, key in (
+        ("documents chunked", "documents"), ("of them unchanged, kept", "documents_reused"),
+        ("chunks", "chunks"), ("chunks kept from earlier runs", "chunks_reused"),
+        ("chunks sent once for another document", "chunks_deduplicated"),
+        ("tokens embedded", "tokens_embedded"), ("tokens in the documents", "document_tokens"))]
+    histogram = _d(chunking.get("histogram"))
+    bars = [(label, count, plain(count)) for label in HISTOGRAM_LABELS
+            if (count := as_number(histogram.get(label))) is not None]
+    rule = f"<p>Tokens counted with <code>{escape(chunking.get('tokenizer') or 'an unknown rule')}</code>.</p>"
+    chart = f"<h3>Chunks by length (tokens)</h3>{bar_chart('chunk-lengths', bars)}" if bars else ""
+    return f"<section id=\"chunking\"><h2>Chunking</h2>{rule}{table(['', 'count'], rows)}{chart}</section>"
+
+
 def _rejects(report: dict[str, Any], examples: dict[str, list[tuple[str, str]]], unread: int) -> str:
     title = "<section id=\"rejects\"><h2>Rejects by reason</h2>"
     reasons = {str(k): as_number(v) or 0.0
@@ -319,12 +341,21 @@ def _details(report: dict[str, Any]) -> str:
     timings = {str(k): as_number(v) for k, v in _d(report.get("timings")).items()}
     total = timings.get("total_s")
     order = {phase: i for i, phase in enumerate(TIMING_PHASES)}  # the order the run goes through them
+    # Only phases that follow one another take a share, so that the shares add up to the whole run.
+    shares = {k: v / total for k, v in timings.items() if k in TIMING_SEQUENCE and total and v is not None}
+    rest = 1 - sum(shares.values()) if shares else None
     rows = [[escape(k.removesuffix("_s")), escape(_duration(v)),
-             _percent(None if not total or v is None else v / total)]
+             _percent(shares.get(k)) if k != "total_s" else _percent(1.0 if total else None)]
             for k, v in sorted(timings.items(), key=lambda kv: order.get(kv[0], len(order)))]
+    if rest is not None and total:
+        rows.insert(-1 if "total_s" in timings else len(rows),
+                    ["other (teardown, commit, report)", escape(_duration(max(rest, 0.0) * total)),
+                     _percent(max(rest, 0.0))])
     memory = [[escape(k), _fmt(v)] for k, v in _d(report.get("memory")).items()]
     nodes = [[f"<code>{escape(k)}</code>", _fmt(v)] for k, v in _d(report.get("shards_per_node")).items()]
-    parts = [("Timings", table(["phase", "time", "of total"], rows)),
+    parts = [("Timings", table(["phase", "time", "of total"], rows)
+              + "<p class=\"note\">ray_start runs in the background, beside plan and fleet_up; "
+                "ray_wait is the part of it the run waited for.</p>"),
              ("Memory (MB)", table(["process", "peak RSS"], memory)),
              ("Shards per node", table(["node", "shards"], nodes))]
     body = "".join(f"<div><h3>{name}</h3>{shown}</div>" for name, shown in parts)
