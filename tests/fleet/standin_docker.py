@@ -9,7 +9,8 @@ stand-in records only whether it was set). To let tests check that the key leaks
 received is written to ``witness/`` — the one place tests skip when they grep for it.
 
 Behaviour is set by ``$STANDIN_STATE/config.json``: ``gpu`` (nvidia-smi lines, or null: no GPU),
-``fail_run`` (docker run fails), ``never_healthy`` (the container runs but never answers).
+``fail_run`` (docker run fails), ``never_healthy`` (the container runs but never answers), ``run_delay_s``
+(``docker run`` takes that long first, as on a busy host: tests show they do not depend on its speed).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def run(args: list[str]) -> int:
             continue
         options.setdefault(flag, []).append(rest.pop(0))
     image, command = rest[0], rest[1:]
+    time.sleep(float(config().get("run_delay_s", 0)))
     if config().get("fail_run"):
         print("docker: Error response from daemon: could not select device driver with capabilities: [[gpu]]",
               file=sys.stderr)
