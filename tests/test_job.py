@@ -258,3 +258,17 @@ def test_set_chunking_strategy_null_turns_chunking_off(tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"chunking.prefix is set but chunking is off: .* remove chunking.prefix "
                                            r"\(with --set chunking.strategy=null, --set chunking.prefix=x\)"):
         load_job(write(tmp_path, text), ["chunking.strategy=null", "chunking.prefix=x"])
+
+
+def test_relative_paths_in_an_inventory_are_taken_from_its_folder(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "project" / "hosts").mkdir(parents=True)
+    (tmp_path / "project" / "hosts" / "gpus.yaml").write_text(
+        "- {address: h1, key_file: keys/id}\n- {address: h2, key_file: ~/.ssh/id, known_hosts: /etc/known}\n")
+    (tmp_path / "project" / "job.yaml").write_text("corpus: {path: data}\noutput: {path: out}\n"
+                                                   "servers: {provider: ssh, inventory: hosts/gpus.yaml}\n")
+    monkeypatch.chdir(tmp_path)
+    job = load_job(Path("project") / "job.yaml")
+    hosts = job.servers.host_sections()
+    assert Path(hosts[0].key_file or "").resolve() == tmp_path / "project" / "hosts" / "keys" / "id"
+    assert (hosts[1].key_file, hosts[1].known_hosts) == ("~/.ssh/id", "/etc/known")

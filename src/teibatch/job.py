@@ -141,7 +141,11 @@ class ServersSection(_Section):
         from teibatch.fleet.providers.ssh import read_inventory
 
         sections = list(self.hosts)
+        folder = os.path.dirname(self.inventory or "")
         for index, host in enumerate(read_inventory(self.inventory) if self.inventory else []):
+            # Its relative paths are the inventory file's folder's, as a job file's are its own folder's.
+            host = {key: os.path.normpath(os.path.join(folder, value)) if key in HOST_PATH_KEYS
+                    and isinstance(value, str) and _local_relative(value) else value for key, value in host.items()}
             try:
                 sections.append(SshHostSection.model_validate(host))
             except ValidationError as exc:

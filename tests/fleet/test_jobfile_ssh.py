@@ -78,6 +78,9 @@ def test_bad_inventory_names_the_host_key(tmp_path: Path) -> None:
 
 def test_local_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker at all
-    assert isinstance(job_provider(load_job(job(tmp_path, {"provider": "local"}))), LocalProvider)
+    builtin = job_provider(load_job(job(tmp_path, {"provider": "local"}, model={"id": "teibatch/hashing-384"})))
+    assert isinstance(builtin, LocalProvider)
+    with pytest.raises(JobSpecError, match="not a model the built-in servers can run"):  # no Docker: no TEI for it
+        job_provider(load_job(job(tmp_path, {"provider": "local"})))
     forced = job_provider(load_job(job(tmp_path, {"provider": "local", "engine": "docker", "count": 1})))
     assert isinstance(forced, LocalDockerProvider) and forced.hosted.gpu is False
