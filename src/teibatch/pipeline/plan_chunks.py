@@ -14,13 +14,13 @@ the counts are labelled as that estimate.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from teibatch.corpus import ChunkingOptions
+from teibatch.corpus import ChunkingOptions, Shard, read_shard
 from teibatch.corpus.records import Document, Reject
-from teibatch.corpus.sampling import Estimate, estimate_total
-from teibatch.errors import TokenizerUnavailable
+from teibatch.corpus.sampling import Estimate, estimate_total, spread_sample
+from teibatch.errors import CorpusError, TokenizerUnavailable
 from teibatch.fleet.catalog import model_sizes
 from teibatch.job import JobSpec
 from teibatch.pipeline.chunking_setup import make_plan
@@ -31,6 +31,7 @@ CHARS_PER_TOKEN = 4
 SPECIAL_TOKENS = 2
 DEFAULT_LIMIT = 512  # the built-in server's and TEI's usual max_input_length, for a model known nowhere here
 MAX_INPUT_LENGTH_FLAG = "--max-input-length"
+RUN_SAMPLE_DOCS = 200  # documents a chunked run cuts before it starts, to size its shard tasks
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,23 @@ def estimate_chunks(job: JobSpec, sample: Iterable[Iterable[Document | Reject]],
     else:
         source = f"chunked with {plan.source.label}, max_tokens {plan.options.max_tokens}"
     return ChunkEstimate(estimate_total(chunks, total), estimate_total(tokens, total), source, total)
+
+
+def chunks_per_document(job: JobSpec, shards: Sequence[Shard]) -> float:
+    """Chunks a document of ``shards`` makes on average, at the top of the range estimated on
+    :data:`RUN_SAMPLE_DOCS` documents spread over them: what a chunked run sizes its shard tasks by,
+    since they send chunks, not documents. 1 without chunking, or when the sample cannot be read
+    (the shard that holds it will say why)."""
+    if not job.chunking.enabled:
+        return 1.0
+    options = job.corpus_options()
+    runs = spread_sample(shards, RUN_SAMPLE_DOCS)
+    try:
+        estimate = estimate_chunks(job, (read_shard(options, run, verify=False) for run in runs),
+                                   sum(shard.size for shard in shards))
+    except CorpusError:
+        return 1.0
+    return max(1.0, estimate.chunks_per_document)
 
 
 def _max_tokens(job: JobSpec, limit: int) -> int:
