@@ -79,9 +79,12 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_j
     if as_json:
         click.echo(orjson.dumps(estimate.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
-        chunks = f"about {estimate.chunks:,} chunks, " if estimate.chunks is not None else ""
-        click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {chunks}about {estimate.tokens:,} "
-                   f"tokens ({estimate.token_source})")
+        if estimate.chunks_range is not None and estimate.tokens_range is not None:  # a range from the sample
+            counts = (f"{_range(estimate.chunks_range)} chunks (about {estimate.chunks:,}), "
+                      f"{_range(estimate.tokens_range)} tokens (about {estimate.tokens:,}; {estimate.token_source})")
+        else:
+            counts = f"about {estimate.tokens:,} tokens ({estimate.token_source})"
+        click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {counts}")
         if not estimate.rents or estimate.pricing is None:
             click.echo(f"provider {estimate.provider}: nothing rented, no cost")
         else:
@@ -90,3 +93,9 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_j
             cost = estimate.cost
             click.echo(f"cost: ${cost:.2f} (what the run rents)" if cost is not None else "cost: unknown")
     check_cost_limit(job, estimate)
+
+
+def _range(low_high: tuple[int, int]) -> str:
+    """``1,200–1,450``, or one number when the sample was the whole corpus."""
+    low, high = low_high
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 from bisect import bisect_left
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import teibatch.corpus.chunking as chunking
 from teibatch.corpus.chunking import (
     STRATEGIES,
     WORD_BACKOFF_TOKENS,
+    Chunk,
     Chunker,
     ChunkingOptions,
 )
@@ -112,20 +114,33 @@ def check_chunks(rule, options: ChunkingOptions, text: str, prefix: str) -> None
                        for end in ends for before_start in around(blank, token_span(visible, before.char_start,
                                                                                     before.char_end)[0]))
     else:
-        # a unit that fits (as sent, with the prefix) is never split
+        # a unit that fits beside the overlap (as sent, with the prefix) is never split
+        room = limit - options.overlap_tokens
         units = split_sentences(text) if options.strategy == "sentences" else [
             unit for paragraph in split_paragraphs(text)
-            for unit in ([paragraph] if rule.server_count(prefix + text[slice(*paragraph)]) <= limit
+            for unit in ([paragraph] if rule.server_count(prefix + text[slice(*paragraph)]) <= room
                          else split_sentences(text, *paragraph))]
         for start, end in units:
-            if rule.server_count(prefix + text[start:end]) <= limit:
+            if rule.server_count(prefix + text[start:end]) <= room:
                 assert any(c.char_start <= start and end <= c.char_end for c in document.chunks), (start, end)
-        # an overlap of whole units holds at most overlap_tokens of the document's tokens
-        unit_starts = {start for start, _ in units}
-        for before, after in pairwise(document.chunks):
-            if after.char_start < before.char_end and after.char_start in unit_starts:
-                first, stop = token_span(offsets, after.char_start, before.char_end)
-                assert stop - first <= options.overlap_tokens, (before, after)
+        if options.overlap_tokens:
+            check_overlap(text, offsets, document.chunks, options.overlap_tokens)
+
+
+def check_overlap(text: str, offsets: list[tuple[int, int]], chunks: Sequence[Chunk], overlap: int) -> None:
+    """Every two neighbouring chunks share ``overlap`` of the document's tokens, or all the first holds
+    past its first character when it holds fewer (a character may be several tokens: a chunk starts
+    at a character's edge)."""
+    visible = [strip(text, start, end) if text[start:end].strip() else (start, end) for start, end in offsets]
+    for before, after in pairwise(chunks):
+        first, stop = token_span(visible, before.char_start, before.char_end)
+        past_first = sum(visible[j][0] > visible[first][0] for j in range(first, stop))
+        shared_first, shared_stop = token_span(visible, after.char_start, before.char_end)
+        while shared_first > first + 1 and not text[slice(*offsets[shared_first - 1])].strip():
+            shared_first -= 1  # whitespace tokens (Metaspace's) at a chunk's edges are left out of it
+        while shared_stop < len(offsets) and not text[slice(*offsets[shared_stop])].strip():
+            shared_stop += 1
+        assert shared_stop - shared_first >= min(overlap, past_first), (before, after)
 
 
 @pytest.mark.parametrize("strategy", TOKEN_STRATEGIES)
@@ -136,6 +151,24 @@ def check_chunks(rule, options: ChunkingOptions, text: str, prefix: str) -> None
 def test_chunks_keep_the_rules(token_rules, rule_name: str, strategy: str, text: str, prefix: str,
                                max_tokens: int, overlap: int) -> None:
     check_chunks(token_rules[rule_name], ChunkingOptions(max_tokens, overlap, strategy), text, prefix)
+
+
+@pytest.mark.parametrize("strategy", ["sentences", "paragraphs"])
+def test_units_overlap_by_overlap_tokens_around_a_sentence_cut_for_length(token_rules, strategy: str) -> None:
+    rule = token_rules["minilm"]
+    short = "The fox jumps over the dog. It was quick! Was it brown? "
+    long = "This sentence has no end " + "and goes on " * 40 + "until here. "
+    text = short * 4 + long + short * 3 + "\n\n" + short * 5
+    options = ChunkingOptions(48, 12, strategy)
+    document = Chunker(options, rule.counter).chunk(text)
+    offsets = list(rule.counter.offsets([text])[0])
+    cut = [c for c in document.chunks if c.char_start < text.index("until") and c.char_end > text.index("and goes")]
+    assert len(cut) > 2  # the long sentence is cut into windows, each next to its neighbours
+    check_overlap(text, offsets, document.chunks, 12)
+    for before, after in pairwise(document.chunks):  # exactly the overlap here: one token a character
+        first, stop = token_span(offsets, after.char_start, before.char_end)
+        assert stop - first == 12, (before, after)
+    assert all(chunk.tokens == rule.server_count(chunk.text) <= 48 for chunk in document.chunks)
 
 
 @pytest.mark.parametrize("rule_name", RULES)

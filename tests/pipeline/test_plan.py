@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,44 @@ def test_plan_command_prices_from_the_api(tmp_path: Path, lambda_api: FakeLambda
 def test_plan_help_has_examples() -> None:
     result = CliRunner().invoke(plan, ["--help"])
     assert result.exit_code == 0 and "Examples:" in result.output
+
+
+def ordered_corpus(root: Path) -> list[dict[str, str]]:
+    """1,200 documents in three files, short ones first: a.jsonl short, b.jsonl short then long,
+    c.jsonl long (of varied length), so the first 500 documents say nothing of the rest."""
+    def short(name: str, i: int) -> dict[str, str]:
+        return {"id": f"{name}{i}", "text": f"a short note {i}"}
+
+    def long(name: str, i: int) -> dict[str, str]:
+        return {"id": f"{name}{i}", "text": " ".join(f"word{j}" for j in range(60 + (i * 37) % 240))}
+
+    files = {"a": [short("a", i) for i in range(400)],
+             "b": [short("b", i) for i in range(200)] + [long("b", i) for i in range(200, 400)],
+             "c": [long("c", i) for i in range(400)]}
+    for name, rows in files.items():
+        write_jsonl(root / f"{name}.jsonl", rows)
+    return [row for rows in files.values() for row in rows]
+
+
+def test_a_chunked_plan_prints_a_range_that_holds_the_real_count(tmp_path: Path) -> None:
+    rows = ordered_corpus(tmp_path / "ordered")
+    chunking = {"strategy": "sentences", "max_tokens": 40, "overlap_tokens": 8}
+    job = job_file(tmp_path, corpus={"path": str(tmp_path / "ordered"), "shard_docs": 150}, chunking=chunking,
+                   model={"id": "teibatch/hashing-384"}, servers={"provider": "local"})
+    result = CliRunner().invoke(plan, [str(job)])
+    assert result.exit_code == 0, result.output
+    chunker = Chunker(ChunkingOptions(40, 8, "sentences"), ApproxTokenCounter())
+    cut = [chunker.chunk(row["text"]) for row in rows]
+    real_chunks = sum(len(c.chunks) for c in cut)
+    real_tokens = sum(chunk.tokens for c in cut for chunk in c.chunks)
+    assert real_chunks > 2 * len(rows)  # the long documents make most of the chunks
+    found = re.search(r"([\d,]+)–([\d,]+) chunks \(about ([\d,]+)\), ([\d,]+)–([\d,]+) tokens", result.output)
+    assert found, result.output
+    low, high, about, tokens_low, tokens_high = (int(group.replace(",", "")) for group in found.groups())
+    assert low <= real_chunks <= high, result.output
+    assert low <= about <= high and high - low < real_chunks  # a range, not a shrug
+    assert tokens_low <= real_tokens <= tokens_high, result.output
+    data = json.loads(CliRunner().invoke(plan, [str(job), "--json"]).output)
+    assert data["chunks_range"] == [low, high] and data["tokens_range"] == [tokens_low, tokens_high]
+    schema = Path(__file__).parents[2] / "docs" / "json" / "plan.schema.json"
+    jsonschema.validate(data, json.loads(schema.read_text()))

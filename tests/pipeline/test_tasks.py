@@ -4,14 +4,20 @@ still commits or fails on its own."""
 from __future__ import annotations
 
 import gzip
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pyarrow.dataset as ds
 import pytest
+import yaml
 
 from teibatch.corpus import Shard, plan_shards
+from teibatch.crashpoints import CRASH_AT
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CorpusMismatch
 from teibatch.job import load_job
@@ -19,6 +25,7 @@ from teibatch.pipeline import run_job
 from teibatch.pipeline.run import MAX_SHARDS_PER_TASK, _tasks
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import ClientLimits, EmbedOptions
+from tests.conftest import write_jsonl
 
 
 def shards(*sizes: int) -> list[Shard]:
@@ -85,3 +92,54 @@ def test_a_bad_shard_fails_alone_inside_its_task(tmp_path: Path, job_file: Calla
     assert summary.status == "done"
     ids = ds.dataset(out / "vectors").to_table(columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 3500
+
+
+def test_chunked_shards_are_grouped_by_the_chunks_they_send(job_file: Callable[..., Path], tmp_path: Path) -> None:
+    job = load_job(job_file({"path": str(tmp_path)}))
+    pending = shards(*[20] * 6)
+    assert [len(task) for task in _tasks(job, [sender(512)], pending)] == [6]  # 120 documents < 512
+    assert [len(task) for task in _tasks(job, [sender(512)], pending, per_document=30.0)] == [1] * 6
+    assert [len(task) for task in _tasks(job, [sender(512)], pending, per_document=13.0)] == [2, 2, 2]
+
+
+def long_documents(root: Path) -> None:
+    """6 files of 20 documents of about 300 words: 20 or so chunks each at max_tokens 24."""
+    for f in range(6):
+        write_jsonl(root / f"f{f}.jsonl", [
+            {"id": f"{f}-{i}", "text": ". ".join(" ".join(f"w{(f * 31 + i * 7 + j) % 97}" for j in range(k, k + 12))
+                                                 for k in range(0, 300, 12)) + "."}
+            for i in range(20)])
+
+
+@pytest.mark.slow  # real Ray, two built-in servers, a run killed and run again
+@pytest.mark.timeout(600)
+def test_a_killed_chunked_run_had_committed_part_of_the_corpus(tmp_path: Path, ray_session: None) -> None:
+    import ray
+
+    corpus = tmp_path / "corpus"
+    long_documents(corpus)
+    out = tmp_path / "out"
+    spec = {"name": "chunked-tasks", "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 20},
+            "servers": {"provider": "local", "count": 1}, "output": {"path": str(out)},
+            "chunking": {"strategy": "sentences", "max_tokens": 24, "overlap_tokens": 4}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    shard_count = len(plan_shards(load_job(job).corpus_options()))
+    assert shard_count == 6
+    command = [sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address",
+               ray.get_runtime_context().gcs_address]
+    # Killed right after its first commit: with one task for all six shards (120 documents, under the
+    # server's 512 inputs, but about 2,200 chunks) every shard was sent before anything was committed.
+    crashed = subprocess.run(command, env={**os.environ, CRASH_AT: "commit:1"}, capture_output=True, text=True,
+                             timeout=300, check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    committed = orjson.loads((out / "_manifest.json").read_bytes())["shards"]
+    sent = list((out / "vectors").glob("part-*.parquet"))  # committed or not: what the servers embedded
+    assert len(committed) == 1
+    assert len(sent) < shard_count  # the work was cut into tasks that commit as they end
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    reports = [orjson.loads(path.read_bytes()) for path in (out / "runs").glob("*.json")]
+    assert [r["shards"]["skipped_committed"] for r in reports] == [1]  # the killed run wrote none
+    ids = ds.dataset(out / "vectors").to_table(columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids)) > 120 * 10

@@ -20,11 +20,14 @@ Strategies:
   at whitespace when there is some among its last 16 tokens (a word is not cut), else at its last
   token that does not share a character with the next (text without spaces: CJK, a base64 blob).
 * ``sentences`` and ``paragraphs`` (see :mod:`teibatch.corpus.text_units`): whole units are packed
-  in order while they fit. A unit that fits is never split; a paragraph too long for a chunk is cut
-  into its sentences, and a sentence too long into token windows as above (with the token overlap
-  inside it). A chunk of whole units starts with the longest run of whole units that end the chunk
-  before, if their tokens total at most ``overlap_tokens`` and leave room for a new unit; so the
-  overlap is whole units of at most ``overlap_tokens``, and there is none next to a unit that was cut.
+  in order while they fit. Each chunk after the first starts with the last ``overlap_tokens`` tokens
+  of the chunk before, as for ``tokens`` (from the nearest character edge before them; so the
+  overlap may start inside a unit, even inside a word), then holds whole units while they fit. A
+  unit that does not fit beside that overlap (more than ``max_tokens - overlap_tokens`` as sent) is
+  cut: a paragraph into its sentences, a sentence into token windows as above, the first of which
+  starts with the overlap too. So every two neighbouring chunks share ``overlap_tokens`` tokens of
+  the document, or all of the first but its first token when it holds fewer (only the first chunk
+  can, when the unit after it needs nearly the whole chunk).
 * ``chars``: as ``tokens``, with characters for tokens (:class:`~teibatch.corpus.token_count.CharCounter`);
   for when no tokenizer is at hand and the user asked for it.
 
@@ -193,7 +196,7 @@ class Chunker:
         if self.options.strategy in (STRATEGY_SENTENCES, STRATEGY_PARAGRAPHS):
             done = self._pack(doc, self._units(doc), spans)
         else:
-            done = self._windows(doc, 0, doc.size, 0, len(doc.text), spans)
+            done = self._windows(doc, 0, doc.size, 0, len(doc.text), spans) is not None
         if not done:
             return ChunkedDocument((), doc.size, f"a piece of text that cannot be cut (one character, or one "
                                    f"token) counts more than max_tokens ({self._max}) with the prefix")
@@ -202,11 +205,12 @@ class Chunker:
         return ChunkedDocument(chunks, doc.size)
 
     def _windows(self, doc: _Document, lo: int, hi: int, clip_start: int, clip_end: int,
-                 spans: list[tuple[int, int, int]]) -> bool:
-        """Append the token windows of tokens ``lo..hi`` (text ``clip_start..clip_end``) to ``spans``;
-        False when a window cannot be made to fit."""
-        start = lo
-        floor = lo + self._overlap + 1  # so that the next window starts after this one's start
+                 spans: list[tuple[int, int, int]], begin: int | None = None) -> int | None:
+        """Append the token windows of tokens ``lo..hi`` (text ``clip_start..clip_end``) to ``spans``; the
+        first starts at token ``begin`` when it repeats the end of the chunk before (its overlap). The
+        last window's first token; None when a window cannot be made to fit."""
+        start = lo if begin is None else begin
+        floor = max(lo, start + self._overlap) + 1  # a new token, and the next window starts after this one
         while True:
             end = self._cut(doc, min(start + doc.budget, hi), floor, hi)
             while True:
@@ -221,19 +225,20 @@ class Chunker:
                     break
                 target = min(max(floor, end - (count - self._max)), end - 1)
                 if target < floor:
-                    return False
+                    return None
                 end_before, end = end, self._cut(doc, target, floor, hi)
                 if end >= end_before:
-                    return False
+                    return None
             if end >= hi:
-                return True
+                return start
             start = self._overlap_start(doc, start, end)
             floor = end + 1  # the next window holds a token this one did not
 
     def _overlap_start(self, doc: _Document, previous: int, end: int) -> int:
-        """Where the window after ``previous..end`` starts: ``overlap_tokens`` before ``end``, moved to
-        the nearest character edge before it (after it if there is none after ``previous``)."""
-        start = end - self._overlap
+        """Where the chunk after ``previous..end`` starts: ``overlap_tokens`` before ``end`` (but after
+        ``previous``), moved to the nearest character edge before it (after it if there is none after
+        ``previous``)."""
+        start = max(end - self._overlap, previous + 1)
         after = doc.offsets[previous][0]  # past the previous window's first character
         back = next((j for j in range(start, previous, -1) if doc.clean(j) and doc.offsets[j][0] > after), None)
         return back if back is not None else next(j for j in range(start, end + 1) if j == end or doc.clean(j))
@@ -253,65 +258,61 @@ class Chunker:
         return next((j for j in range(target + 1, hi) if doc.clean(j)), hi)
 
     def _units(self, doc: _Document) -> list[tuple[int, int]]:
-        """Sentences; or paragraphs, a paragraph too long for a chunk replaced by its sentences."""
+        """Sentences; or paragraphs, a paragraph too long to fit beside the overlap replaced by its sentences."""
         if self.options.strategy == STRATEGY_SENTENCES:
             return split_sentences(doc.text)
         units: list[tuple[int, int]] = []
         for start, end in split_paragraphs(doc.text):
-            if not self._fits_alone(doc, start, end):
+            first, stop = doc.first_at(start), doc.first_at(end)
+            if self._measure(doc, first, stop, start, end) > self._max - self._overlap:
                 units += split_sentences(doc.text, start, end)
             else:
                 units.append((start, end))
         return units
 
-    def _fits_alone(self, doc: _Document, start: int, end: int) -> bool:
-        """Whether ``text[start:end]`` fits in one chunk, as sent."""
-        first, stop = doc.first_at(start), doc.first_at(end)
-        return self._measure(doc, first, stop, start, end) <= self._max
-
     def _pack(self, doc: _Document, units: list[tuple[int, int]], spans: list[tuple[int, int, int]]) -> bool:
         """Append chunks of whole units to ``spans`` (see the module docstring); False as for _windows."""
         # Unit k holds the tokens from bounds[k] to bounds[k + 1] (each token goes to the unit it starts in).
         bounds = [0, *(doc.first_at(unit_start) for unit_start, _ in units[1:]), doc.size]
-        first = i = 0  # the next chunk's first unit (overlap included) and its first new unit
+        begin: int | None = None  # the next chunk's first token, when it repeats the end of the chunk before
+        i = 0  # the next chunk's first new unit
         while i < len(units):
-            chunk = self._fill(doc, units, bounds, first, i)
-            if chunk is None:  # unit i does not fit even alone: token windows inside it, no overlap around
-                if not self._windows(doc, bounds[i], bounds[i + 1], units[i][0], units[i][1], spans):
+            start = bounds[i] if begin is None else begin
+            char_start = units[i][0] if begin is None else _strip(doc.text, doc.offsets[begin][0], units[i][0])[0]
+            chunk = self._fill(doc, units, bounds, start, char_start, i)
+            if chunk is None:  # unit i does not fit beside the overlap: token windows inside it
+                last = self._windows(doc, bounds[i], bounds[i + 1], units[i][0], units[i][1], spans, begin)
+                if last is None:
                     return False
-                first = i = i + 1
-                continue
-            first, stop, count = chunk
-            spans.append((units[first][0], units[stop - 1][1], count))
-            previous, first = first, stop
-            while first - 1 > previous and stop < len(units) \
-                    and bounds[stop] - bounds[first - 1] <= self._overlap \
-                    and bounds[stop + 1] - bounds[first - 1] <= doc.budget:
-                first -= 1  # the next chunk repeats this unit
-            i = stop
+                start, i = last, i + 1
+            else:
+                i, count = chunk
+                spans.append((char_start, units[i - 1][1], count))
+            begin = None
+            if self._overlap and i < len(units):
+                end = doc.first_at(units[i - 1][1])  # the chunk's last token, not the whitespace after it
+                begin = self._overlap_start(doc, start, end)
+                begin = begin if begin < end else None
         return True
 
-    def _fill(self, doc: _Document, units: list[tuple[int, int]], bounds: list[int], first: int,
-              i: int) -> tuple[int, int, int] | None:
-        """The chunk that holds unit ``i``: ``(first, stop, count)`` for units ``first..stop``, as many as
-        fit after ``i`` (the overlap units before ``i`` are dropped last); None when unit ``i`` does
-        not fit even alone."""
-        if bounds[i + 1] - bounds[i] > doc.budget:  # more than the budget in the document; maybe not as sent
-            count = self._measure(doc, bounds[i], bounds[i + 1], *units[i])
-            return (i, i + 1, count) if count <= self._max else None
+    def _fill(self, doc: _Document, units: list[tuple[int, int]], bounds: list[int], start: int, char_start: int,
+              i: int) -> tuple[int, int] | None:
+        """The chunk from token ``start`` (character ``char_start``: unit ``i``'s start, or the overlap's)
+        that holds unit ``i`` and as many units after it as fit: ``(stop, count)`` for units ``i..stop``;
+        None when unit ``i`` does not fit after ``start``."""
+        if bounds[i + 1] - start > doc.budget:  # more than the budget in the document; maybe not as sent
+            count = self._measure(doc, start, bounds[i + 1], char_start, units[i][1])
+            return (i + 1, count) if count <= self._max else None
         stop = i + 1
-        while stop < len(units) and bounds[stop + 1] - bounds[first] <= doc.budget:
+        while stop < len(units) and bounds[stop + 1] - start <= doc.budget:
             stop += 1
         while True:
-            count = self._measure(doc, bounds[first], bounds[stop], units[first][0], units[stop - 1][1])
+            count = self._measure(doc, start, bounds[stop], char_start, units[stop - 1][1])
             if count <= self._max:
-                return first, stop, count
-            if stop - 1 > i:
-                stop -= 1
-            elif first < i:
-                first += 1
-            else:
+                return stop, count
+            if stop - 1 == i:
                 return None
+            stop -= 1
 
     def _measure(self, doc: _Document, start: int, end: int, char_start: int, char_end: int) -> int:
         """The server's count of ``prefix + text[char_start:char_end]``, whose tokens in the document

@@ -1,8 +1,9 @@
 """What a run will cost before anything is rented: documents, tokens, cards, GPU-hours, dollars.
 
-:func:`estimate_run` plans the shards (as ``run`` would), estimates the tokens on a sample (with the
-model's own tokenizer when it is in the local Hugging Face cache, else the built-in estimate; with
-chunking, the chunks and their tokens as the run will cut them: ``pipeline/plan_chunks.py``), and for
+:func:`estimate_run` plans the shards (as ``run`` would), estimates the tokens on a sample spread over the
+corpus (``corpus/sampling.py``), with the model's own tokenizer when it is in the local Hugging Face
+cache, else the built-in estimate (with chunking, the chunks and their tokens as the run will cut them,
+and the range they most likely lie in: ``pipeline/plan_chunks.py``), and for
 a GPU cloud job asks the cloud's API for the cards the job may rent, at each capacity, and their
 prices now (per card and capacity: :mod:`~teibatch.pipeline.pricing`). :func:`check_cost_limit` refuses
 a job whose estimate is over ``limits.max_cost``.
@@ -18,6 +19,7 @@ from typing import Any
 
 from teibatch.corpus import plan_shards, read_shard
 from teibatch.corpus.records import Document
+from teibatch.corpus.sampling import spread_sample
 from teibatch.fleet.catalog import BillingRule, model_sizes
 from teibatch.fleet.offers import Offer
 from teibatch.job import CLOUD_PROVIDERS, JobSpec
@@ -52,6 +54,8 @@ class RunEstimate:
     startup_s: float
     pricing: CloudPricing | None = None
     chunks: int | None = None  # with chunking: the chunks the run will embed (``tokens`` are theirs)
+    chunks_range: tuple[int, int] | None = None  # with chunking: where ``chunks`` most likely lies
+    tokens_range: tuple[int, int] | None = None  # with chunking: the same for ``tokens``
 
     @property
     def rents(self) -> bool:
@@ -86,7 +90,9 @@ class RunEstimate:
             "capacity": None, "max_runtime_s": None, "billing": None, "cards": [], "refused": [], "run": None,
             "cheapest": None}
         return {"provider": self.provider, "count": self.count, "shards": self.shards, "documents": self.documents,
-                "chunks": self.chunks, "tokens": self.tokens, "token_source": self.token_source,
+                "chunks": self.chunks, "chunks_range": list(self.chunks_range) if self.chunks_range else None,
+                "tokens": self.tokens, "tokens_range": list(self.tokens_range) if self.tokens_range else None,
+                "token_source": self.token_source,
                 "startup_s": self.startup_s,
                 **pricing, "cost": self.cost}
 
@@ -114,7 +120,7 @@ def model_tokenizer(model_id: str | None) -> Tokenize | None:
 
 def estimate_tokens(documents: Iterable[Document], total: int, *, tokenize: Tokenize | None = None,
                     max_tokens: int | None = None, sample: int = DEFAULT_SAMPLE_DOCS) -> int:
-    """Tokens in ``total`` documents, from the first ``sample`` (each cut at ``max_tokens``), scaled up."""
+    """Tokens in ``total`` documents, from ``sample`` of ``documents`` (each cut at ``max_tokens``), scaled up."""
     count = tokens = 0
     for document in itertools.islice(documents, sample):
         n = (tokenize or builtin_tokens)(document.text)
@@ -136,29 +142,29 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
     tokenize = model_tokenizer(job.model.id)
     model = model_sizes().get(job.model.id or "")
 
-    def sample_docs() -> Iterable[Document]:
-        for shard in shards:
-            for item in read_shard(options, shard, verify=False):
-                if isinstance(item, Document):
-                    yield item
-
-    chunks = None
+    runs = spread_sample(shards, sample)  # across the files and across each: not the first documents
+    chunks = chunks_range = tokens_range = None
     if job.chunking.enabled:  # the chunks' tokens, as the run will cut and send them
-        estimate = estimate_chunks(job, sample_docs(), documents, sample)
-        chunks, tokens, source = estimate.chunks, estimate.tokens, estimate.source
+        estimate = estimate_chunks(job, (read_shard(options, run, verify=False) for run in runs), documents)
+        chunks, tokens, source = estimate.chunks.value, estimate.tokens.value, estimate.source
+        chunks_range = (estimate.chunks.low, estimate.chunks.high)
+        tokens_range = (estimate.tokens.low, estimate.tokens.high)
     else:
-        tokens = estimate_tokens(sample_docs(), documents, tokenize=tokenize, sample=sample,
+        sampled = (item for run in runs for item in read_shard(options, run, verify=False)
+                   if isinstance(item, Document))
+        tokens = estimate_tokens(sampled, documents, tokenize=tokenize, sample=sample,
                                  max_tokens=model.max_tokens if model and job.model.truncate else None)
         source = f"{job.model.id} tokenizer" if tokenize else BUILTIN_TOKENS
     provider, count = job.servers.provider, job.servers.count
     if provider not in CLOUD_PROVIDERS:
-        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks)
+        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks,
+                           chunks_range=chunks_range, tokens_range=tokens_range)
     if bench is None and bench_tokens_per_s:
         bench = BenchFigures((("", bench_tokens_per_s, "--bench"),))
     pricing = price_cards(job, tokens=tokens, parameters=model.parameters if model else None, offers=offers,
                           bench=bench)
     return RunEstimate(provider, count, len(shards), documents, tokens, source, pricing.startup_s, pricing,
-                       chunks=chunks)
+                       chunks=chunks, chunks_range=chunks_range, tokens_range=tokens_range)
 
 
 def check_cost_limit(job: JobSpec, estimate: RunEstimate) -> None:

@@ -41,6 +41,7 @@ from teibatch.pipeline.kept_types import output_kept_fields
 from teibatch.pipeline.moved_texts import index_moved_texts
 from teibatch.pipeline.opening import Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
+from teibatch.pipeline.plan_chunks import chunks_per_document
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
@@ -225,6 +226,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                            prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
                            on_too_long=job.model.on_too_long, kind=job.model.kind)
     counter = early_counter(job)  # a tokenizer that cannot be found stops the run before any server starts
+    per_document = chunks_per_document(job, pending)  # what a document sends: tasks are sized by it
     if supports(provider, Capability.SWEEP):
         ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
     clock = time.monotonic()
@@ -260,8 +262,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 summary.timings["warm_up_s"] = met - opening.started + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
                 with _server_watch(job, provider, fleet, options, senders, reporter, summary):
-                    _schedule(_tasks(job, senders, pending), head, previous, context, tuple(senders), manifest, store,
-                              summary, reporter, job, interrupts, opening.one_machine)
+                    _schedule(_tasks(job, senders, pending, per_document), head, previous, context, tuple(senders),
+                              manifest, store, summary, reporter, job, interrupts, opening.one_machine, per_document)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
                 if context is not None and context.dedup is not None:
@@ -353,35 +355,40 @@ def _moved_lookup(job: JobSpec, manifest: Manifest) -> bool:
     return job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
 
 
-def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard]) -> list[tuple[Shard, ...]]:
+def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard],
+           per_document: float = 1.0) -> list[tuple[Shard, ...]]:
     """The pending shards as Ray tasks: one shard each, or consecutive small shards together.
 
-    Shards smaller than the senders' whole budget (in documents) go together, up to
-    ``MAX_SHARDS_PER_TASK``, until a task holds the budget: a few worker processes then keep the
-    servers full, where one process per small shard would spend CPU starting each and leave the
-    servers waiting. A job that sets ``limits.max_shards_in_flight`` gets one shard a task.
+    Shards smaller than the senders' whole budget (in inputs: a shard sends ``per_document`` a
+    document, its chunks with chunking) go together, up to ``MAX_SHARDS_PER_TASK``, until a task
+    holds the budget: a few worker processes then keep the servers full, where one process per
+    small shard would spend CPU starting each and leave the servers waiting. A task's shards commit
+    when it ends, so a task holds no more than that: a kill re-sends about a task's worth. A job
+    that sets ``limits.max_shards_in_flight`` gets one shard a task.
     """
     if job.limits.max_shards_in_flight != "auto":
         return [(shard,) for shard in pending]
     budget = sum(s.budget for s in senders)
     tasks: list[tuple[Shard, ...]] = []
     group: list[Shard] = []
-    documents = 0
+    inputs = 0.0
     for shard in pending:
         group.append(shard)
-        documents += shard.size
-        if documents >= budget or len(group) == MAX_SHARDS_PER_TASK:
+        inputs += shard.size * per_document
+        if inputs >= budget or len(group) == MAX_SHARDS_PER_TASK:
             tasks.append(tuple(group))
-            group, documents = [], 0
+            group, inputs = [], 0.0
     if group:
         tasks.append(tuple(group))
     return tasks
 
 
-def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence[tuple[Shard, ...]]) -> int:
+def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence[tuple[Shard, ...]],
+                     per_document: float = 1.0) -> int:
     """Shard tasks at once: the job's number, else enough to keep every sender fed and no more.
 
-    Enough: the tasks together hold the senders' whole budget in documents, and each sender has
+    Enough: the tasks together hold the senders' whole budget in inputs (``per_document`` a
+    document), and each sender has
     ``SPARE_TASKS_PER_SENDER`` more reading its shards while the others finish and write, so the
     senders never wait. More would only compete with the servers and the senders for CPU — on a
     machine whose Ray declares more CPUs than it has, that slows the run down instead of speeding it up.
@@ -390,22 +397,24 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
     if wanted != "auto":
         return int(wanted)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    mean_task = max(1.0, sum(s.size for task in tasks for s in task) / max(1, len(tasks)))
+    mean_task = max(1.0, sum(s.size for task in tasks for s in task) * per_document / max(1, len(tasks)))
     to_fill = math.ceil(sum(s.budget for s in senders) / mean_task)
     return max(1, min(cpus, len(tasks), to_fill + SPARE_TASKS_PER_SENDER * len(senders)))
 
 
 def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: Callable[[Shard], tuple[str, ...]],
               context: ShardContext, senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore,
-              summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool) -> None:
+              summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool,
+              per_document: float = 1.0) -> None:
     """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
 
-    ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``).
+    ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``);
+    ``per_document``: the inputs a document sends (its chunks), as for :func:`_tasks`.
     """
     task = as_shard_work(shard_task)
     context_ref = ray.put(context)
     queue = list(reversed(tasks))
-    in_flight = _tasks_in_flight(job, senders, queue)
+    in_flight = _tasks_in_flight(job, senders, queue, per_document)
     alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
     ramp = TaskRamp(in_flight, os.cpu_count() or 1, time.monotonic(), alone_s=alone_s)
     running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
