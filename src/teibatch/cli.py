@@ -113,6 +113,9 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
             replaced = sum(1 for entry in lost if entry["status"] == "replaced")
             click.echo(f"servers: {len(lost)} taken back by the cloud mid-run, {replaced} replaced "
                        "(see the report's replacements)")
+        if left_out := report["corpus"]["left_out"]["count"]:
+            click.echo(f"corpus: {left_out:,} file(s) left out (see the report's corpus.left_out): "
+                       + ", ".join(report["corpus"]["left_out"]["first"]))
         click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
     if fail_on_rejects and docs["rejected"]:
         raise RejectsFound(f"{docs['rejected']} documents were rejected (see {job.output.path}/rejects)")
@@ -145,6 +148,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     if (note := exclusion_note(corpus)) is not None:
         click.echo(note, err=True)
     click.echo(f"corpus: {probe.summary()}", err=True)
+    if probe.left_out.total:  # also in the summary line; this one is for a person scanning for it
+        click.echo(f"corpus: {probe.left_out.describe()}", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 
 

@@ -80,6 +80,8 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_j
         chunks = f"about {estimate.chunks:,} chunks, " if estimate.chunks is not None else ""
         click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {chunks}about {estimate.tokens:,} "
                    f"tokens ({estimate.token_source})")
+        if estimate.left_out.total:
+            click.echo(f"corpus: {estimate.left_out.describe()}")
         if not estimate.rents or estimate.pricing is None:
             click.echo(f"provider {estimate.provider}: nothing rented, no cost")
         else:

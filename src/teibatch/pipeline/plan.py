@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from teibatch.corpus import plan_shards, read_shard
+from teibatch.corpus import LeftOut, list_corpus, plan_shards, read_shard
 from teibatch.corpus.records import Document
 from teibatch.fleet.catalog import BillingRule, model_sizes
 from teibatch.fleet.offers import Offer
@@ -52,6 +52,7 @@ class RunEstimate:
     startup_s: float
     pricing: CloudPricing | None = None
     chunks: int | None = None  # with chunking: the chunks the run will embed (``tokens`` are theirs)
+    left_out: LeftOut = field(default_factory=LeftOut)  # files the corpus path matched that the run will not read
 
     @property
     def rents(self) -> bool:
@@ -87,7 +88,7 @@ class RunEstimate:
             "cheapest": None}
         return {"provider": self.provider, "count": self.count, "shards": self.shards, "documents": self.documents,
                 "chunks": self.chunks, "tokens": self.tokens, "token_source": self.token_source,
-                "startup_s": self.startup_s,
+                "startup_s": self.startup_s, "left_out": self.left_out.to_json(),
                 **pricing, "cost": self.cost}
 
 
@@ -131,7 +132,8 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
     ``bench`` the measured throughputs (``bench_tokens_per_s``: one figure for every card).
     """
     options = job.corpus_options()
-    shards = plan_shards(options)
+    listing = list_corpus(options)
+    shards = plan_shards(options, listing)
     documents = sum(s.size for s in shards)
     tokenize = model_tokenizer(job.model.id)
     model = model_sizes().get(job.model.id or "")
@@ -152,13 +154,14 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
         source = f"{job.model.id} tokenizer" if tokenize else BUILTIN_TOKENS
     provider, count = job.servers.provider, job.servers.count
     if provider not in CLOUD_PROVIDERS:
-        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks)
+        return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks,
+                           left_out=listing.left_out)
     if bench is None and bench_tokens_per_s:
         bench = BenchFigures((("", bench_tokens_per_s, "--bench"),))
     pricing = price_cards(job, tokens=tokens, parameters=model.parameters if model else None, offers=offers,
                           bench=bench)
     return RunEstimate(provider, count, len(shards), documents, tokens, source, pricing.startup_s, pricing,
-                       chunks=chunks)
+                       chunks=chunks, left_out=listing.left_out)
 
 
 def check_cost_limit(job: JobSpec, estimate: RunEstimate) -> None:

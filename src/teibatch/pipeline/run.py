@@ -94,6 +94,10 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     probe = probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
     if (note := exclusion_note(corpus)) is not None:
         reporter.message(note, event="output_left_out")
+    summary.left_out = probe.left_out
+    if probe.left_out.total:
+        reporter.message(f"corpus: {probe.left_out.describe()}", event="corpus_left_out",
+                         **probe.left_out.to_json())
     lock = OutputLock(store, summary.run_id)
     try:
         store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
