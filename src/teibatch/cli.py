@@ -158,7 +158,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @handle_errors
 def status(output: str, as_json: bool) -> None:
-    """Show an output's state: shards committed and pending, vectors, rejects, the last run.
+    """Show an output's state: shards committed and pending, vectors, rejects, the last run, committed parts
+    that are missing from the output's files, and the run writing it now.
 
     \b
     Examples:
@@ -185,6 +186,13 @@ def status(output: str, as_json: bool) -> None:
     if writing := state["writing"]:
         rows.append(("writing now", f"run {writing['run_id']} (pid {writing['pid']} on {writing['host']}, "
                                     f"heartbeat {writing['heartbeat_at']})"))
+    if stale := state["stale_lock"]:
+        rows.append(("stale lock", f"run {stale['run_id']} (pid {stale['pid']} on {stale['host']}) is gone; "
+                                   "the next run takes its lock over"))
+    for problem, names in (("missing", state["parts"]["missing"]), ("wrong size", state["parts"]["wrong_size"])):
+        if names:
+            rows.append((f"parts {problem}", f"{len(names)}: {', '.join(names[:5])}"
+                                             f"{', …' if len(names) > 5 else ''} (the next run embeds them again)"))
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", str(value))
     Console().print(table)
