@@ -219,3 +219,9 @@ def test_corpus_keep_fields_types(tmp_path: Path) -> None:
     with pytest.raises(JobSpecError, match=r"^--set corpus.keep_fields_types=loose: Input should be 'strict' or "
                                            r"'stringify'"):
         load_job(write(tmp_path, MINIMAL), ["corpus.keep_fields_types=loose"])
+
+
+def test_corpus_exclude_reaches_the_listing(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, MINIMAL)).corpus_options().exclude_globs == ()
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.exclude=[_drafts, '*.bak']"])
+    assert job.corpus_options().exclude_globs == ("_drafts", "*.bak")

@@ -128,3 +128,21 @@ def test_glob_takes_hidden_names_only_when_asked(mixed_corpus: Path, pattern: st
                                                 expected: list[str]) -> None:
     _, files = list_sources(CorpusOptions(str(mixed_corpus / pattern)))
     assert [f.path for f in files] == expected
+
+
+@pytest.mark.parametrize(
+    ("patterns", "expected"),
+    [
+        pytest.param(("_drafts",), ["_a.jsonl", "b.jsonl", "sub/_c.jsonl", "sub/b.bak.jsonl"], id="a-folder"),
+        pytest.param(("*.bak.jsonl",), ["_a.jsonl", "_drafts/x.jsonl", "b.jsonl", "sub/_c.jsonl"], id="files-anywhere"),
+        pytest.param(("_*", "*/_*"), ["b.jsonl", "sub/b.bak.jsonl"], id="every-underscored-name"),
+    ],
+)
+def test_the_jobs_exclude_patterns_leave_files_out(tmp_path: Path, patterns: tuple[str, ...],
+                                                   expected: list[str]) -> None:
+    for name in ("_a.jsonl", "b.jsonl", "_drafts/x.jsonl", "sub/_c.jsonl", "sub/b.bak.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    listing = list_corpus(CorpusOptions(str(tmp_path), exclude_globs=patterns))
+    assert [f.path for f in listing.files] == expected
+    assert listing.left_out.counts == {"excluded": 5 - len(expected)}

@@ -10,6 +10,7 @@ same shard ids.
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class LeftOut:
     """What a listing matched but does not read: how many paths per rule, and the first few of them.
 
     Rules: ``hidden`` (a file or folder whose name starts with ``.``), ``marker`` (one of
-    :data:`MARKER_FILES`), ``output`` (the job's output inside the corpus, ``options.exclude``).
+    :data:`MARKER_FILES`), ``output`` (the job's output inside the corpus, ``options.exclude``),
+    ``excluded`` (the job's ``corpus.exclude`` patterns, ``options.exclude_globs``).
     """
 
     counts: dict[str, int] = field(default_factory=dict, hash=False)
@@ -138,8 +140,9 @@ def list_corpus(options: CorpusOptions) -> Listing:
     A directory is walked recursively and a glob expanded; both read every file they match, ``_``-prefixed
     ones included (``_2024-01.jsonl``, ``__init__.py``), and leave out only hidden (``.``) files and
     folders (``.ipynb_checkpoints``, ``.git``; a glob reads them when one of its own components starts
-    with ``.``), the :data:`MARKER_FILES`, and ``options.exclude`` (the job's output inside the corpus,
-    so a run never reads its own vectors, manifest and reports back as documents). What is left out is
+    with ``.``), the :data:`MARKER_FILES`, ``options.exclude`` (the job's output inside the corpus,
+    so a run never reads its own vectors, manifest and reports back as documents) and what the job's
+    ``corpus.exclude`` patterns match (``options.exclude_globs``). What is left out is
     counted in :attr:`Listing.left_out`, for ``plan``, ``validate`` and the run to say. A single file
     is taken as given.
     """
@@ -165,7 +168,7 @@ def list_corpus(options: CorpusOptions) -> Listing:
         if info.get("type", "file") != "file":
             continue
         relative = root.relative(url)
-        rule = None if root.kind == "file" else _left_out_by(relative, hidden, options.exclude)
+        rule = None if root.kind == "file" else _left_out_by(relative, hidden, options)
         if rule is not None:
             skipped.setdefault(rule, []).append(relative)
             continue
@@ -215,15 +218,18 @@ def _hidden_prefixes(root: CorpusRoot) -> tuple[str, ...]:
     return () if any(part.startswith(".") for part in tail) else (".",)
 
 
-def _left_out_by(relative: str, hidden: tuple[str, ...], exclude: tuple[str, ...]) -> str | None:
+def _left_out_by(relative: str, hidden: tuple[str, ...], options: CorpusOptions) -> str | None:
     """The rule that leaves ``relative`` out of the corpus, or ``None`` when it is read."""
-    if _is_excluded(relative, exclude):
+    if _is_excluded(relative, options.exclude):
         return "output"
     parts = relative.split("/")
     if hidden and any(part.startswith(hidden) for part in parts):
         return "hidden"
     if parts[-1] in MARKER_FILES:
         return "marker"
+    paths = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]  # its folders, then itself
+    if any(fnmatch.fnmatchcase(path, pattern) for pattern in options.exclude_globs for path in paths):
+        return "excluded"
     return None
 
 

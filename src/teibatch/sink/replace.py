@@ -97,6 +97,8 @@ class Replacements:
         return new, stale
 
     def _replace(self, store: OutputStore, new: list[str], stale: list[str]) -> None:
+        if self.manifest.guard is not None:  # parts are deleted only by the run that holds the output
+            self.manifest.guard()
         for shard_id in stale:  # a stale shard's parts may lie under either name (staged, then superseded)
             for directory in (VECTORS_DIR, DOCUMENTS_DIR, REJECTS_DIR):
                 store.remove(part_path(directory, shard_id))
