@@ -180,7 +180,8 @@ def status(output: str, as_json: bool) -> None:
     rows = [("output", state["output"]), ("job", state["job"]),
             ("model", f"{state['model_id']} ({state['dimension']} dimensions)"),
             ("shards", f"{shards['committed']} committed, {shards['pending']} pending of {shards['planned']}"
-                       + (f" ({shards['stale']} stale, removed when a run finishes)" if shards["stale"] else "")),
+                       + (f" ({shards['stale']} stale: replaced once their files' new shards are committed)"
+                          if shards["stale"] else "")),
             ("vectors", f"{docs['vectors']:,}"), ("rejects", f"{docs['rejects']:,}"),
             ("last run", f"{last.get('run_id')} {last.get('status')}" if last else "-")]
     if writing := state["writing"]:
