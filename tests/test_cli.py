@@ -247,3 +247,30 @@ def test_the_summary_line_counts_kept_documents_and_gives_the_rate_beside_the_em
     again = CliRunner().invoke(main, ["run", str(path), "-q"])
     assert again.exit_code == 0, again.output
     assert again.stdout.startswith("done: 1 documents embedded, 5 unchanged kept, 0 rejected;"), again.stdout
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_underscored_files_are_embedded_and_what_is_left_out_is_listed(tmp_path: Path) -> None:
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "_2024-01.jsonl").write_text("".join(f'{{"id": "jan{i}", "text": "january {i}"}}\n' for i in range(4)))
+    (corpus / "2024-02.jsonl").write_text("".join(f'{{"id": "feb{i}", "text": "february {i}"}}\n' for i in range(4)))
+    (corpus / ".draft.jsonl").write_text('{"id": "draft", "text": "not yet"}\n')
+    (corpus / "_SUCCESS").write_text("")
+    path = write_job(tmp_path, corpus={"path": str(corpus), "id_field": "id"}, output={"path": str(tmp_path / "out")},
+                     servers={"provider": "local", "count": 1})
+    left_out = {"count": 2, "by_rule": {"hidden": 1, "marker": 1}, "first": [".draft.jsonl", "_SUCCESS"]}
+    planned = CliRunner().invoke(main, ["plan", str(path), "--json"])
+    assert planned.exit_code == 0, planned.output
+    assert yaml.safe_load(planned.stdout)["documents"] == 8
+    assert yaml.safe_load(planned.stdout)["left_out"] == left_out
+    checked = CliRunner().invoke(main, ["validate", str(path)])
+    assert "corpus: 2 files left out (hidden 1, marker 1): .draft.jsonl, _SUCCESS" in checked.stderr.splitlines()
+    ran = CliRunner().invoke(main, ["run", str(path)])
+    assert ran.exit_code == 0, ran.output
+    assert ran.stdout.startswith("done: 8 documents embedded")
+    assert "corpus: 2 file(s) left out (see the report's corpus.left_out): .draft.jsonl, _SUCCESS" in ran.stdout
+    ids = ds.dataset(tmp_path / "out" / "vectors").to_table().column("id").to_pylist()
+    assert sorted(ids) == sorted([f"jan{i}" for i in range(4)] + [f"feb{i}" for i in range(4)])
+    report = yaml.safe_load(next((tmp_path / "out" / "runs").glob("*.json")).read_text())
+    assert report["corpus"]["left_out"] == left_out

@@ -272,3 +272,9 @@ def test_relative_paths_in_an_inventory_are_taken_from_its_folder(tmp_path: Path
     hosts = job.servers.host_sections()
     assert Path(hosts[0].key_file or "").resolve() == tmp_path / "project" / "hosts" / "keys" / "id"
     assert (hosts[1].key_file, hosts[1].known_hosts) == ("~/.ssh/id", "/etc/known")
+
+
+def test_corpus_exclude_reaches_the_listing(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, MINIMAL)).corpus_options().exclude_globs == ()
+    job = load_job(write(tmp_path, MINIMAL), ["corpus.exclude=[_drafts, '*.bak']"])
+    assert job.corpus_options().exclude_globs == ("_drafts", "*.bak")

@@ -116,6 +116,9 @@ def run(job_file: str, overrides: tuple[str, ...], ray_address: str | None, quie
             replaced = sum(1 for entry in lost if entry["status"] == "replaced")
             click.echo(f"servers: {len(lost)} taken back by the cloud mid-run, {replaced} replaced "
                        "(see the report's replacements)")
+        if left_out := report["corpus"]["left_out"]["count"]:
+            click.echo(f"corpus: {left_out:,} file(s) left out (see the report's corpus.left_out): "
+                       + ", ".join(report["corpus"]["left_out"]["first"]))
         click.echo(f"output: {job.output.path}/vectors  report: {job.output.path}/runs/{summary.run_id}.json")
     if fail_on_rejects and docs["rejected"]:
         raise RejectsFound(f"{docs['rejected']} documents were rejected (see {job.output.path}/rejects)")
@@ -150,6 +153,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     if (note := exclusion_note(corpus)) is not None:
         click.echo(note, err=True)
     click.echo(f"corpus: {probe.summary()}", err=True)
+    if probe.left_out.total:  # also in the summary line; this one is for a person scanning for it
+        click.echo(f"corpus: {probe.left_out.describe()}", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 
 
@@ -158,7 +163,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @handle_errors
 def status(output: str, as_json: bool) -> None:
-    """Show an output's state: shards committed and pending, vectors, rejects, the last run.
+    """Show an output's state: shards committed and pending, vectors, rejects, the last run, committed parts
+    that are missing from the output's files, and the run writing it now.
 
     \b
     Examples:
@@ -179,12 +185,20 @@ def status(output: str, as_json: bool) -> None:
     rows = [("output", state["output"]), ("job", state["job"]),
             ("model", f"{state['model_id']} ({state['dimension']} dimensions)"),
             ("shards", f"{shards['committed']} committed, {shards['pending']} pending of {shards['planned']}"
-                       + (f" ({shards['stale']} stale, removed when a run finishes)" if shards["stale"] else "")),
+                       + (f" ({shards['stale']} stale: replaced once their files' new shards are committed)"
+                          if shards["stale"] else "")),
             ("vectors", f"{docs['vectors']:,}"), ("rejects", f"{docs['rejects']:,}"),
             ("last run", f"{last.get('run_id')} {last.get('status')}" if last else "-")]
     if writing := state["writing"]:
         rows.append(("writing now", f"run {writing['run_id']} (pid {writing['pid']} on {writing['host']}, "
                                     f"heartbeat {writing['heartbeat_at']})"))
+    if stale := state["stale_lock"]:
+        rows.append(("stale lock", f"run {stale['run_id']} (pid {stale['pid']} on {stale['host']}) is gone; "
+                                   "the next run takes its lock over"))
+    for problem, names in (("missing", state["parts"]["missing"]), ("wrong size", state["parts"]["wrong_size"])):
+        if names:
+            rows.append((f"parts {problem}", f"{len(names)}: {', '.join(names[:5])}"
+                                             f"{', …' if len(names) > 5 else ''} (the next run embeds them again)"))
     for key, value in rows:
         table.add_row(f"[bold]{key}[/]", str(value))
     Console().print(table)

@@ -85,6 +85,8 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_j
         else:
             counts = f"about {estimate.tokens:,} tokens ({estimate.token_source})"
         click.echo(f"{estimate.shards:,} shards, {estimate.documents:,} documents, {counts}")
+        if estimate.left_out.total:
+            click.echo(f"corpus: {estimate.left_out.describe()}")
         if not estimate.rents or estimate.pricing is None:
             click.echo(f"provider {estimate.provider}: nothing rented, no cost")
         else:

@@ -7,7 +7,9 @@ creating it first, so a retried Ray task or a resumed run gets past the point. P
 * ``plan`` — the driver, after planning and before any shard runs;
 * ``commit`` — the driver, right after the n-th shard was recorded in the manifest;
 * ``manifest-write`` — the driver, half-way through writing the manifest's temporary file;
-* ``shard-write`` — a shard task, between writing its rejects part and its vectors part.
+* ``shard-write`` — a shard task, between writing its rejects part and its vectors part;
+* ``replace`` — the driver, after deleting the parts a committed group supersedes and before renaming
+  its staged parts into place (``sink/replace.py``).
 
 Unset, as in every normal run, a check costs one environment lookup.
 """

@@ -60,6 +60,7 @@ class CorpusSection(_Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     on_bad_file: Literal["fail", "reject"] = "fail"   # a file that breaks off: fail its shard, or reject the rest
     deduplicate: bool = True  # identical texts sent once (pipeline/dedup.py); the output is the same either way
+    exclude: tuple[str, ...] = ()  # glob patterns of files (or folders) under the corpus root never read
 
 
 class ModelSection(_Section):
@@ -387,7 +388,8 @@ class JobSpec(_Section):
         options = CorpusOptions(path=c.path, format=c.format, id_field=c.id_field, text_field=c.text_field,
                                 keep_fields=c.keep_fields, shard_docs=c.shard_docs,
                                 storage_options=dict(c.storage_options), on_bad_file=c.on_bad_file,
-                                keep_fields_types=c.keep_fields_types, title_field=self.chunking.title_field)
+                                keep_fields_types=c.keep_fields_types, title_field=self.chunking.title_field,
+                                exclude_globs=c.exclude)
         inside = output_inside(options, self.output.path, self.output.storage_options)
         return dataclasses.replace(options, exclude=(inside,)) if inside else options
 

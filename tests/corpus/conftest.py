@@ -88,8 +88,8 @@ def mixed_corpus(tmp_path: Path) -> Path:
     (root / "notes.txt").write_text("a plain text document", encoding="utf-8")
     (root / "_SUCCESS").write_text("")
     (root / ".hidden.jsonl").write_text('{"id": "h", "text": "hidden"}\n')
-    (root / "_tmp").mkdir()
-    write_jsonl(root / "_tmp" / "x.jsonl", docs(1, "x"))
+    (root / ".cache").mkdir()
+    write_jsonl(root / ".cache" / "x.jsonl", docs(1, "x"))
     return root
 
 

@@ -12,10 +12,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 import ray
 import yaml
@@ -148,3 +150,82 @@ def test_killed_chunked_run_resumes_to_the_same_output(point: str, driver_dies: 
     assert documents.equals(ds.dataset(fresh / "documents").to_table().sort_by("id"))
     assert documents.num_rows == 121
     assert [p for p in out.rglob("*") if p.name.startswith(".tmp-")] == []
+
+
+def status(out: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "teibatch", "status", str(out), "--json"], capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    state: dict[str, Any] = orjson.loads(done.stdout)
+    return state
+
+
+def test_a_deleted_part_is_found_by_status_and_embedded_again(corpus: Path, ray_address: str,
+                                                               baseline: tuple[pa.Table, pa.Table],
+                                                               tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job = write_job(tmp_path, corpus, out)
+    assert run(job, ray_address).returncode == 0
+    gone = sorted((out / "vectors").glob("part-*.parquet"))[0]
+    rows = pq.read_metadata(gone).num_rows
+    gone.unlink()
+    state = status(out)
+    assert state["documents"]["vectors"] == 121 - rows  # the rows that exist, not the manifest's count
+    assert state["parts"] == {"missing": [gone.name], "wrong_size": []}
+    again = run(job, ray_address)
+    assert again.returncode == 0, again.stderr
+    vectors, rejects = output_rows(out)
+    assert vectors.equals(baseline[0])
+    assert rejects.equals(baseline[1])
+    report = max((out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    assert orjson.loads(report.read_bytes())["parts_missing"] == [gone.name]
+    assert status(out)["parts"] == {"missing": [], "wrong_size": []}
+
+
+def test_status_after_a_killed_run_names_no_writer(corpus: Path, ray_address: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    crashed = run(write_job(tmp_path, corpus, out), ray_address, {CRASH_AT: "commit:2"})
+    assert crashed.returncode == -signal.SIGKILL
+    held = orjson.loads((out / "_lock.json").read_bytes())
+    state = status(out)
+    assert state["writing"] is None
+    assert state["stale_lock"]["pid"] == held["pid"]
+    table = subprocess.run([sys.executable, "-m", "teibatch", "status", str(out)], capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S, check=False)
+    assert "writing now" not in table.stdout and "is gone" in table.stdout
+
+
+def globbed_ids(out: Path) -> list[str]:
+    """The ids a reader of ``vectors/*.parquet`` sees (DuckDB's and Polars' way), one file after another."""
+    return [i for path in sorted((out / "vectors").glob("*.parquet"))
+            for i in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
+
+
+@pytest.mark.parametrize("point", [
+    pytest.param("commit:1", id="after-the-first-new-shard-committed"),
+    pytest.param("replace:1", id="after-the-old-parts-went-before-the-new-came"),
+])
+@pytest.mark.parametrize("mode", ["incremental", "full"])
+def test_an_edited_file_never_shows_an_id_twice(point: str, mode: str, ray_address: str, tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    rows = {f: [{"id": f"{f}-{i}", "text": f"text {i} of file {f}", "n": str(i)} for i in range(20)] for f in range(2)}
+    for f, file_rows in rows.items():
+        write_jsonl(root / f"f{f}.jsonl", file_rows)
+    out = tmp_path / "out"
+    job = write_job(tmp_path, root, out, mode=mode)
+    assert run(job, ray_address).returncode == 0
+    before = sorted(globbed_ids(out))
+    rows[0][3]["text"] = "an edited text"  # one document edited, one deleted: both of f0's shards change
+    del rows[0][15]
+    write_jsonl(root / "f0.jsonl", rows[0])
+    crashed = run(job, ray_address, {CRASH_AT: point})
+    assert crashed.returncode == -signal.SIGKILL
+    for ids in (globbed_ids(out), ds.dataset(out / "vectors").to_table().column("id").to_pylist()):
+        assert len(ids) == len(set(ids))  # every id at most once while the run is not finished...
+        assert set(ids) <= set(before)  # ...and no row of the new f0 yet: its group is not all committed
+    resumed = run(job, ray_address)
+    assert resumed.returncode == 0, resumed.stderr
+    after = globbed_ids(out)
+    assert sorted(after) == sorted(r["id"] for file_rows in rows.values() for r in file_rows)
+    assert sorted(ds.dataset(out / "vectors").to_table().column("id").to_pylist()) == sorted(after)
+    assert [p.name for p in out.rglob(".*") if p.is_file()] == []  # no staged or temporary file left

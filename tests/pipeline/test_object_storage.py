@@ -80,3 +80,32 @@ def test_output_under_the_corpus_prefix_is_left_out(small_corpus: Path, job_file
     ids = ds.dataset("data/c9/out/vectors", filesystem=fs).to_table().column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 40
     assert ds.dataset("data/c9/out/rejects", filesystem=fs).to_table().num_rows == 0
+
+
+def test_an_edited_file_on_s3_replaces_its_parts_in_place(small_corpus: Path, job_file: Callable[..., Path],
+                                                          s3_endpoint: str) -> None:
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket="data")
+    for path in sorted(small_corpus.iterdir()):
+        client.put_object(Bucket="data", Key=f"docs/{path.name}", Body=path.read_bytes())
+    storage = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+    job = load_job(job_file({"path": str(small_corpus), "id_field": "id", "shard_docs": 10},
+                            servers={"provider": "local", "count": 1}, mode="incremental"))
+    job = job.model_copy(update={
+        "corpus": job.corpus.model_copy(update={"path": "s3://data/docs/*.jsonl", "storage_options": storage}),
+        "output": job.output.model_copy(update={"path": "s3://data/out", "storage_options": storage}),
+    })
+    assert run_job(job).embedded == 40
+    fs = s3fs.S3FileSystem(**storage)
+    before = sorted(ds.dataset("data/out/vectors", filesystem=fs).to_table().column("id").to_pylist())
+    edited = sorted(small_corpus.iterdir())[0]
+    lines = edited.read_text().splitlines()
+    client.put_object(Bucket="data", Key=f"docs/{edited.name}", Body="\n".join(lines[:-1]).encode() + b"\n")
+    second = run_job(job)  # its new parts are staged, then moved (a copy and a delete) into place
+    assert second.status == "done" and second.reused == len(lines) - 1
+    ids = ds.dataset("data/out/vectors", filesystem=fs).to_table().column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == len(before) - 1
+    fs.invalidate_cache()
+    assert not [key for key in fs.find("data/out") if ".staged-" in key or ".tmp-" in key]
+    assert output_status(OutputStore("s3://data/out", storage))["parts"] == {"missing": [], "wrong_size": []}

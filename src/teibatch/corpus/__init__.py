@@ -6,7 +6,7 @@ from __future__ import annotations
 from teibatch.corpus.chunking import REJECT_UNCHUNKABLE, Chunk, ChunkedDocument, Chunker, ChunkingOptions
 from teibatch.corpus.hashing import content_hash
 from teibatch.corpus.kept import KeptFields, keep_field_types
-from teibatch.corpus.listing import SourceFile, list_sources
+from teibatch.corpus.listing import LeftOut, Listing, SourceFile, list_corpus, list_sources
 from teibatch.corpus.probe import CorpusProbe, probe_corpus
 from teibatch.corpus.records import (
     REJECT_DUPLICATE_ID,
@@ -43,6 +43,8 @@ __all__ = [
     "Document",
     "HFTokenCounter",
     "KeptFields",
+    "LeftOut",
+    "Listing",
     "Reject",
     "Shard",
     "SourceFile",
@@ -50,6 +52,7 @@ __all__ = [
     "content_hash",
     "find_tokenizer_file",
     "keep_field_types",
+    "list_corpus",
     "list_sources",
     "load_token_counter",
     "plan_shards",

@@ -10,9 +10,10 @@ same shard ids.
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -26,6 +27,10 @@ from teibatch.storage_errors import STORAGE_ERRORS, credentials_problem
 _GLOB_CHARS = frozenset("*?[")
 _CHECKSUM_KEYS = ("ETag", "etag", "checksum", "md5Hash", "md5", "crc32c", "sha256")
 _MTIME_KEYS = ("mtime", "LastModified", "last_modified", "updated", "modified")
+MARKER_FILES = frozenset({"_SUCCESS", "_metadata", "_common_metadata"})
+"""Names that Spark, Hadoop and pyarrow write beside their data and that are never documents."""
+LEFT_OUT_SHOWN = 5
+"""How many left-out paths a listing names (it counts them all)."""
 
 
 @dataclass(frozen=True)
@@ -91,19 +96,66 @@ def _refused(options: CorpusOptions, what: str, exc: BaseException) -> CorpusErr
     return kind(f"{options.path}: {what}: {exc}; check the storage's credentials and corpus.storage_options")
 
 
-def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
-    """The corpus root and its files sorted by relative path; ``CorpusMismatch`` when nothing matches.
+@dataclass(frozen=True)
+class LeftOut:
+    """What a listing matched but does not read: how many paths per rule, and the first few of them.
 
-    A directory is walked recursively, leaving out hidden (``.``) and ``_``-prefixed files and
-    folders (``_SUCCESS``, ``.ipynb_checkpoints``); a glob leaves them out too (as a shell does)
-    unless one of its own components starts with that character; a single file is taken as given.
-    A directory or a glob also leaves out ``options.exclude`` (the job's output inside the corpus),
-    so a run never reads its own vectors and reports back as documents.
+    Rules: ``hidden`` (a file or folder whose name starts with ``.``), ``marker`` (one of
+    :data:`MARKER_FILES`), ``output`` (the job's output inside the corpus, ``options.exclude``),
+    ``excluded`` (the job's ``corpus.exclude`` patterns, ``options.exclude_globs``).
+    """
+
+    counts: dict[str, int] = field(default_factory=dict, hash=False)
+    first: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def describe(self) -> str:
+        """One line for a person: ``3 files left out (hidden 2, output 1): .a.jsonl, ...``."""
+        if not self.total:
+            return "no file left out"
+        rules = ", ".join(f"{rule} {count}" for rule, count in sorted(self.counts.items()))
+        more = f", and {self.total - len(self.first)} more" if self.total > len(self.first) else ""
+        return (f"{self.total} file{'s' if self.total != 1 else ''} left out ({rules}): "
+                f"{', '.join(self.first)}{more}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.total, "by_rule": dict(sorted(self.counts.items())), "first": list(self.first)}
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A corpus listed: its root, the files it reads (sorted by relative path), and what it left out."""
+
+    root: CorpusRoot
+    files: list[SourceFile]
+    left_out: LeftOut
+
+
+def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
+    """The corpus root and its files sorted by relative path (:func:`list_corpus` without what it left out)."""
+    listing = list_corpus(options)
+    return listing.root, listing.files
+
+
+def list_corpus(options: CorpusOptions) -> Listing:
+    """List the corpus; ``CorpusMismatch`` when nothing is left to read.
+
+    A directory is walked recursively and a glob expanded; both read every file they match, ``_``-prefixed
+    ones included (``_2024-01.jsonl``, ``__init__.py``), and leave out only hidden (``.``) files and
+    folders (``.ipynb_checkpoints``, ``.git``; a glob reads them when one of its own components starts
+    with ``.``), the :data:`MARKER_FILES`, ``options.exclude`` (the job's output inside the corpus,
+    so a run never reads its own vectors, manifest and reports back as documents) and what the job's
+    ``corpus.exclude`` patterns match (``options.exclude_globs``). What is left out is
+    counted in :attr:`Listing.left_out`, for ``plan``, ``validate`` and the run to say. A single file
+    is taken as given.
     """
     root = resolve_root(options)
     if root.kind == "builtin":
         corpus = load_builtin(options.path)
-        return root, [SourceFile(corpus.source, corpus.source, corpus.fingerprint)]
+        return Listing(root, [SourceFile(corpus.source, corpus.source, corpus.fingerprint)], LeftOut())
     assert root.fs is not None
     try:
         if root.kind == "glob":
@@ -116,20 +168,23 @@ def list_sources(options: CorpusOptions) -> tuple[CorpusRoot, list[SourceFile]]:
         raise _refused(options, "storage refused the listing", exc) from exc
     hidden = _hidden_prefixes(root)
     files = []
+    skipped: dict[str, list[str]] = {}
     for url, info in found.items():
         if info.get("type", "file") != "file":
             continue
         relative = root.relative(url)
-        if root.kind != "file" and (_is_hidden(relative, hidden) or _is_excluded(relative, options.exclude)):
+        rule = None if root.kind == "file" else _left_out_by(relative, hidden, options)
+        if rule is not None:
+            skipped.setdefault(rule, []).append(relative)
             continue
         files.append(SourceFile(relative, url, fingerprint(info)))
+    first = sorted(path for paths in skipped.values() for path in paths)[:LEFT_OUT_SHOWN]
+    left_out = LeftOut({rule: len(paths) for rule, paths in skipped.items()}, tuple(first))
     if not files:
-        left_out = "hidden and _-prefixed files" + (f", and the output ({', '.join(options.exclude)}/)"
-                                                     if options.exclude else "")
-        raise CorpusMismatch(f"no file matches this corpus path ({left_out} are left out); check corpus.path",
-                             file=options.path)
+        said = f"; {left_out.describe()}" if left_out.total else ""
+        raise CorpusMismatch(f"no file matches this corpus path{said}; check corpus.path", file=options.path)
     files.sort(key=lambda f: f.path)
-    return root, files
+    return Listing(root, files, left_out)
 
 
 def fingerprint(info: Mapping[str, Any]) -> str:
@@ -162,14 +217,25 @@ def glob_root(pattern: str) -> str:
 
 
 def _hidden_prefixes(root: CorpusRoot) -> tuple[str, ...]:
-    """Which of ``.``/``_`` start a hidden file or folder: both, less those a glob itself starts a
-    component with (``data/_parts/*.jsonl``)."""
+    """``(".",)``: a name starting with ``.`` is hidden, unless a glob itself starts a component with it
+    (``data/.cache/*.jsonl``); then nothing is."""
     tail = root.pattern[len(root.root):].lstrip("/").split("/") if root.kind == "glob" else []
-    return tuple(char for char in "._" if not any(part.startswith(char) for part in tail))
+    return () if any(part.startswith(".") for part in tail) else (".",)
 
 
-def _is_hidden(relative: str, hidden: tuple[str, ...]) -> bool:
-    return any(part.startswith(hidden) for part in relative.split("/"))
+def _left_out_by(relative: str, hidden: tuple[str, ...], options: CorpusOptions) -> str | None:
+    """The rule that leaves ``relative`` out of the corpus, or ``None`` when it is read."""
+    if _is_excluded(relative, options.exclude):
+        return "output"
+    parts = relative.split("/")
+    if hidden and any(part.startswith(hidden) for part in parts):
+        return "hidden"
+    if parts[-1] in MARKER_FILES:
+        return "marker"
+    paths = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]  # its folders, then itself
+    if any(fnmatch.fnmatchcase(path, pattern) for pattern in options.exclude_globs for path in paths):
+        return "excluded"
+    return None
 
 
 def _is_excluded(relative: str, exclude: tuple[str, ...]) -> bool:

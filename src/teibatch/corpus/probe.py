@@ -17,6 +17,7 @@ shards, which report it with the file's name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ import pyarrow as pa
 from teibatch.corpus.documents import DocumentRules, IdSeen, repeated_id
 from teibatch.corpus.formats import FileFormat, detect_format
 from teibatch.corpus.kept import FieldSample, sample_fields, sample_type
-from teibatch.corpus.listing import CorpusRoot, SourceFile, list_sources
+from teibatch.corpus.listing import CorpusRoot, LeftOut, SourceFile, list_corpus
 from teibatch.corpus.paths import MISSING, lookup, record_paths, schema_paths, schema_type, shown
 from teibatch.corpus.readers import Malformed, Row, iter_rows, parquet_schema, read_text
 from teibatch.corpus.records import KEEP_FIELDS_STRICT, REJECT_DUPLICATE_ID, CorpusOptions, Document, Reject
@@ -54,7 +55,8 @@ class CorpusProbe:
     records a run would reject, by reason; ``repeated_ids`` ids seen more than once in the sample,
     and ``id_collisions`` why, for those repeated only because integer ids are written as decimal
     strings. ``kept`` says what the sample holds in each kept field (nothing for a Parquet sample,
-    whose columns carry their types), ``keep_fields_types`` the job's rule for them.
+    whose columns carry their types), ``keep_fields_types`` the job's rule for them. ``left_out``: the
+    files the listing matched but leaves out (hidden, marker files, the output inside the corpus).
     """
 
     path: str
@@ -68,6 +70,7 @@ class CorpusProbe:
     id_collisions: tuple[str, ...] = ()
     kept: dict[str, FieldSample] = field(default_factory=dict, hash=False)
     keep_fields_types: str = KEEP_FIELDS_STRICT
+    left_out: LeftOut = field(default_factory=LeftOut)
 
     def summary(self) -> str:
         """One line for a person: what matched, what was sampled, what a run would reject."""
@@ -95,7 +98,8 @@ def probe_corpus(options: CorpusOptions) -> CorpusProbe:
     holds no text, or the id field holds no usable or mostly repeated ids; ``CorpusError`` when
     storage refuses.
     """
-    root, sources = list_sources(options)
+    listing = list_corpus(options)
+    root, sources = listing.root, listing.files
     formats = [detect_format(source.path, options.format) for source in sources]
     candidates = [i for i, fmt in enumerate(formats) if fmt.name != "text"] or list(range(len(sources)))
     tried = candidates[:PROBE_FILES]
@@ -103,7 +107,8 @@ def probe_corpus(options: CorpusOptions) -> CorpusProbe:
         source, fmt = sources[index], formats[index]
         rows, schema = _sample(root, source, fmt, options)
         if rows:
-            return _check(options, len(sources), source, fmt, rows, schema)
+            return dataclasses.replace(_check(options, len(sources), source, fmt, rows, schema),
+                                       left_out=listing.left_out)
     names = ", ".join(sources[i].path for i in tried)
     raise CorpusMismatch(f"no records in the first {len(tried)} file(s) of the corpus ({names}); "
                          "check corpus.path and corpus.format", file=options.path)

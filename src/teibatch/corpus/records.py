@@ -38,6 +38,10 @@ class CorpusOptions:
     exclude: tuple[str, ...] = ()
     """Folders under the corpus root (relative to it, POSIX) whose files are never corpus: the job's
     own output when it lies inside the corpus (``corpus/overlap.py``). Not part of any shard id."""
+    exclude_globs: tuple[str, ...] = ()
+    """The job's ``corpus.exclude``: glob patterns (``fnmatch``, ``*`` crossing ``/``) of paths relative to
+    the corpus root; a file is left out when one matches its path or one of its folders'. Not part of
+    any shard id (it decides which files are listed, not what a file's shards hold)."""
     keep_fields_types: str = KEEP_FIELDS_STRICT
     title_field: str | None = None
     """A field read as each document's ``title`` (chunking prepends it to every chunk); not kept unless

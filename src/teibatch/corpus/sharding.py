@@ -27,7 +27,15 @@ import orjson
 from teibatch.corpus.documents import DocumentRules, IdSeen, repeated_id
 from teibatch.corpus.formats import FileFormat, detect_format
 from teibatch.corpus.kept import KeptFields
-from teibatch.corpus.listing import CorpusRoot, SourceFile, fingerprint, list_sources, resolve_root
+from teibatch.corpus.listing import (
+    CorpusRoot,
+    Listing,
+    SourceFile,
+    fingerprint,
+    list_corpus,
+    list_sources,
+    resolve_root,
+)
 from teibatch.corpus.readers import count_rows, iter_rows, read_text
 from teibatch.corpus.records import REJECT_DUPLICATE_ID, BadFile, CorpusOptions, Document, Reject, Shard
 from teibatch.corpus.rows import Place
@@ -39,8 +47,10 @@ SHARD_ID_VERSION = 2
 2: the id rule (a missing, empty, null or non-integer id is a reject) and strict CSV quoting."""
 
 
-def plan_shards(options: CorpusOptions) -> list[Shard]:
+def plan_shards(options: CorpusOptions, listing: Listing | None = None) -> list[Shard]:
     """List the corpus and cut it into shards, in a fixed order; ``CorpusError`` if it cannot be read.
+
+    ``listing``: the corpus as the caller already listed it (:func:`list_corpus`), else it is listed here.
 
     Shards follow the sorted file list (a group of text files is a run of consecutive files), so
     reading them in order reads the corpus in order. Every file's format is decided before any file
@@ -48,7 +58,8 @@ def plan_shards(options: CorpusOptions) -> list[Shard]:
     """
     if options.shard_docs < 1:
         raise CorpusError(f"corpus.shard_docs must be at least 1, not {options.shard_docs}")
-    root, sources = list_sources(options)
+    listing = listing or list_corpus(options)
+    root, sources = listing.root, listing.files
     formats = [detect_format(source.path, options.format) for source in sources]
     shards: list[Shard] = []
     done = 0  # text files already in shards: a text shard's start

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.parquet as pq
 
-from teibatch.sink import VECTORS_DIR, Manifest, OutputStore, VectorSchema, read_vectors
-from teibatch.sink.parts import part_path
+from teibatch.sink import Manifest, OutputStore, VectorSchema, read_vectors
 from teibatch.sparse import Vector
 
 log = logging.getLogger(__name__)
@@ -61,8 +60,8 @@ def index_moved_texts(store: OutputStore, manifest: Manifest) -> MovedTexts | No
     parts: list[str] = []
     prefixes: list[np.ndarray] = []
     rows = 0
-    for shard_id in sorted(manifest.shards):
-        relative = part_path(VECTORS_DIR, shard_id)
+    for shard_id, entry in sorted(manifest.shards.items()):
+        relative = entry.vectors_part(shard_id)
         try:
             with store.fs.open(store.path(relative), "rb") as handle:
                 column = pq.read_table(handle, columns=["content_hash"]).column("content_hash").to_pylist()

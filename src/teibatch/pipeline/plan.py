@@ -14,10 +14,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from teibatch.corpus import plan_shards, read_shard
+from teibatch.corpus import LeftOut, list_corpus, plan_shards, read_shard
 from teibatch.corpus.records import Document
 from teibatch.corpus.sampling import spread_sample
 from teibatch.fleet.catalog import BillingRule, model_sizes
@@ -56,6 +56,7 @@ class RunEstimate:
     chunks: int | None = None  # with chunking: the chunks the run will embed (``tokens`` are theirs)
     chunks_range: tuple[int, int] | None = None  # with chunking: where ``chunks`` most likely lies
     tokens_range: tuple[int, int] | None = None  # with chunking: the same for ``tokens``
+    left_out: LeftOut = field(default_factory=LeftOut)  # files the corpus path matched that the run will not read
 
     @property
     def rents(self) -> bool:
@@ -93,7 +94,7 @@ class RunEstimate:
                 "chunks": self.chunks, "chunks_range": list(self.chunks_range) if self.chunks_range else None,
                 "tokens": self.tokens, "tokens_range": list(self.tokens_range) if self.tokens_range else None,
                 "token_source": self.token_source,
-                "startup_s": self.startup_s,
+                "startup_s": self.startup_s, "left_out": self.left_out.to_json(),
                 **pricing, "cost": self.cost}
 
 
@@ -137,7 +138,8 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
     ``bench`` the measured throughputs (``bench_tokens_per_s``: one figure for every card).
     """
     options = job.corpus_options()
-    shards = plan_shards(options)
+    listing = list_corpus(options)
+    shards = plan_shards(options, listing)
     documents = sum(s.size for s in shards)
     tokenize = model_tokenizer(job.model.id)
     model = model_sizes().get(job.model.id or "")
@@ -158,13 +160,15 @@ def estimate_run(job: JobSpec, *, offers: list[Offer] | None = None, bench_token
     provider, count = job.servers.provider, job.servers.count
     if provider not in CLOUD_PROVIDERS:
         return RunEstimate(provider, count, len(shards), documents, tokens, source, 0.0, chunks=chunks,
-                           chunks_range=chunks_range, tokens_range=tokens_range)
+                           chunks_range=chunks_range, tokens_range=tokens_range,
+                           left_out=listing.left_out)
     if bench is None and bench_tokens_per_s:
         bench = BenchFigures((("", bench_tokens_per_s, "--bench"),))
     pricing = price_cards(job, tokens=tokens, parameters=model.parameters if model else None, offers=offers,
                           bench=bench)
     return RunEstimate(provider, count, len(shards), documents, tokens, source, pricing.startup_s, pricing,
-                       chunks=chunks, chunks_range=chunks_range, tokens_range=tokens_range)
+                       chunks=chunks, chunks_range=chunks_range, tokens_range=tokens_range,
+                       left_out=listing.left_out)
 
 
 def check_cost_limit(job: JobSpec, estimate: RunEstimate) -> None:

@@ -58,12 +58,15 @@ from teibatch.sink import (
     Manifest,
     OutputLock,
     OutputStore,
+    Replacements,
     VectorSchema,
     WriteOptions,
+    check_parts,
     remove_stale,
     remove_uncommitted_temp,
 )
 from teibatch.sink import write_report as save_report
+from teibatch.sink.parts import part_name
 from teibatch.sparse import KIND_DENSE, KIND_SPARSE
 from teibatch.tei import EmbedOptions
 
@@ -95,6 +98,10 @@ def run_job(job: JobSpec, *, ray_address: str | None = None, reporter: Reporter 
     probe = probe_corpus(corpus)  # a corpus that does not fit the job stops here, before any server
     if (note := exclusion_note(corpus)) is not None:
         reporter.message(note, event="output_left_out")
+    summary.left_out = probe.left_out
+    if probe.left_out.total:
+        reporter.message(f"corpus: {probe.left_out.describe()}", event="corpus_left_out",
+                         **probe.left_out.to_json())
     lock = OutputLock(store, summary.run_id)
     try:
         store.check_writable()  # before anything starts: an unwritable output is found now, not after the work
@@ -127,12 +134,15 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
             shards = plan_shards(job.corpus_options())
             live = {s.id for s in shards}
-            pending = [s for s in shards if s.id not in manifest.shards]
             manifest.planned = [s.id for s in shards]
+            replacements = Replacements(manifest, {s.id: s.sources for s in shards})
+            crashpoint("plan")
+            remove_uncommitted_temp(store, manifest)
+            replacements.finish(store)  # what a killed run left half-replaced, first (sink/replace.py)
+            _drop_missing_parts(store, manifest, live, summary, reporter)
+            pending = [s for s in shards if s.id not in manifest.shards]
             summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             summary.timings["plan_s"] = time.monotonic() - started
-            crashpoint("plan")
-            remove_uncommitted_temp(store)
             if summary.shards_skipped:
                 reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
                                  event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
@@ -143,7 +153,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 with ray_session(ray_address, summary.timings) as ray_start:
                     previous = _previous_parts(job, manifest, live)
                     _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                                   ray_start, kept)
+                                   ray_start, kept, replacements)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -205,6 +215,23 @@ def _refuse_all_rejected(summary: RunSummary) -> None:
                          "no vectors accepts other reading options")
 
 
+def _drop_missing_parts(store: OutputStore, manifest: Manifest, live: set[str], summary: RunSummary,
+                        reporter: Reporter) -> None:
+    """Uncommit the planned shards whose vectors part is gone or not the size recorded: this run embeds them
+    again (a part deleted by hand would otherwise stay missing for good)."""
+    check = check_parts(store, manifest, sorted(live))
+    if not check.bad:
+        return
+    for shard_id in check.bad:
+        del manifest.shards[shard_id]
+    summary.parts_missing = [part_name(sid) for sid in check.bad]
+    problems = ", ".join(f"{len(ids)} {what}" for what, ids in (("missing", check.missing),
+                                                                   ("not the size recorded", check.wrong_size)) if ids)
+    reporter.message(f"{len(check.bad)} committed vectors part(s) are not in the output as recorded ({problems}: "
+                     f"{', '.join(summary.parts_missing[:5])}); their shards are embedded again",
+                     event="parts_missing", parts=summary.parts_missing)
+
+
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
     """Incremental mode: where an earlier run wrote the documents of a shard that changed."""
     stale = Manifest(manifest.fingerprint, manifest.job_name,
@@ -219,7 +246,7 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
                    summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
-                   kept: KeptFields | None) -> None:
+                   kept: KeptFields | None, replacements: Replacements) -> None:
     """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
@@ -263,7 +290,8 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 reporter.start(len(pending), sum(s.size for s in pending))
                 with _server_watch(job, provider, fleet, options, senders, reporter, summary):
                     _schedule(_tasks(job, senders, pending, per_document), head, previous, context, tuple(senders),
-                              manifest, store, summary, reporter, job, interrupts, opening.one_machine, per_document)
+                              manifest, store, summary, reporter, job, interrupts, opening.one_machine, replacements,
+                              per_document)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
             finally:
                 if context is not None and context.dedup is not None:
@@ -405,10 +433,11 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
 def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: Callable[[Shard], tuple[str, ...]],
               context: ShardContext, senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore,
               summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool,
-              per_document: float = 1.0) -> None:
+              replacements: Replacements, per_document: float = 1.0) -> None:
     """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
 
     ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``);
+    ``replacements``: which shards replace older parts, staged, and when those parts go (``sink/replace.py``);
     ``per_document``: the inputs a document sends (its chunks), as for :func:`_tasks`.
     """
     task = as_shard_work(shard_task)
@@ -428,7 +457,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
             while queue and len(running_refs) < ramp.allowed:
                 shards = queue.pop()
                 parts = tuple(previous(s) for s in shards)
-                running_refs[task.remote(shards, context_ref, senders, parts, head)] = shards
+                staged = tuple(replacements.supersedes(s.id) for s in shards)
+                running_refs[task.remote(shards, context_ref, senders, parts, head, staged)] = shards
                 head = None
             if not queue and not last_started:
                 last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
@@ -458,7 +488,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
                     outcomes = [exc] * len(shards)
                 for shard, outcome in zip(shards, outcomes, strict=True):
-                    _finish(shard, outcome, manifest, store, summary, reporter)
+                    _finish(shard, outcome, manifest, store, summary, reporter, replacements)
             if summary.storage_full is not None:  # every other write would be refused the same way
                 summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
                 return
@@ -468,8 +498,9 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
 
 
 def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manifest, store: OutputStore,
-            summary: RunSummary, reporter: Reporter) -> None:
-    """Commit a finished shard, or count it as not done (and say why)."""
+            summary: RunSummary, reporter: Reporter, replacements: Replacements) -> None:
+    """Commit a finished shard, or count it as not done (and say why); then, once its group is all
+    committed, the parts it replaces go and its own take their place (``sink/replace.py``)."""
     if isinstance(outcome, BaseException):
         cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
         if isinstance(cause, FATAL_ERRORS):
@@ -492,14 +523,16 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         reporter.message(message, event="shard_not_committed", shard=shard.id, unfinished=outcome.unfinished)
         reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
-    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
+    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources,
+                    bytes=outcome.part_bytes, staged=outcome.staged)
     try:
         manifest.save(store)
     except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed
         del manifest.shards[shard.id]
-        _finish(shard, exc, manifest, store, summary, reporter)
+        _finish(shard, exc, manifest, store, summary, reporter, replacements)
         return
     crashpoint("commit")
+    replacements.finish(store, [shard.id])
     summary.add(outcome)
     reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows, rejects=outcome.rejects)
 

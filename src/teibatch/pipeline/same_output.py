@@ -18,8 +18,7 @@ import orjson
 from teibatch.errors import OutputMismatch
 from teibatch.job import JobSpec
 from teibatch.pipeline.progress import Reporter
-from teibatch.sink import VECTORS_DIR, Manifest, OutputStore, part_metadata, remove_stale
-from teibatch.sink.parts import part_path
+from teibatch.sink import Manifest, OutputStore, part_metadata, remove_stale
 from teibatch.sparse import KIND_AUTO, KIND_DENSE
 
 NOT_RECORDED = object()
@@ -137,7 +136,7 @@ def _recorded_in_parts(store: OutputStore, manifest: Manifest, job: JobSpec) -> 
     for shard_id, entry in sorted(manifest.shards.items()):
         if not entry.rows:
             continue
-        relative = part_path(VECTORS_DIR, shard_id)
+        relative = entry.vectors_part(shard_id)
         found = part_metadata(store, relative)
         if found is None:
             continue

@@ -74,6 +74,8 @@ class ShardOutcome:
     unfinished: int = 0
     unfinished_detail: str = ""
     chunks: ChunkTally | None = None  # with chunking: documents, chunks, tokens, chunk lengths
+    part_bytes: int = 0  # the vectors part's size, recorded in the manifest
+    staged: bool = False  # the parts lie under their staged names, waiting to replace older ones (sink/replace.py)
 
     @property
     def committable(self) -> bool:
@@ -83,11 +85,12 @@ class ShardOutcome:
 
 def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[SenderRef, ...],
                previous: tuple[tuple[str, ...], ...], head: HeadStart | None = None,
-               ) -> list[ShardOutcome | BaseException]:
+               staged: tuple[bool, ...] = (), ) -> list[ShardOutcome | BaseException]:
     """The Ray task of one or a few consecutive shards: :func:`process_shard` on each, side by side.
 
     ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`); ``head``, the
-    first shard's texts that the driver already sent (``pipeline/head_start.py``).
+    first shard's texts that the driver already sent (``pipeline/head_start.py``); ``staged``, per
+    shard, whether it writes its parts staged (default: none does).
 
     Small shards are handed out together so that one worker process keeps enough documents on their
     way to fill the servers (starting another Ray worker process takes CPU from the senders). Each shard keeps its
@@ -105,14 +108,17 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     if context.schema.kept or any(previous) or context.moved is not None:
         warm_up_once()
     node = ray.get_runtime_context().get_node_id()
+    stage = staged or (False,) * len(shards)
     try:
         if len(shards) == 1:
             outcomes: list[ShardOutcome | BaseException] = [
-                process_shard(shards[0], context, senders, previous[0], head)]
+                process_shard(shards[0], context, senders, previous[0], head, stage=stage[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
-                futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None)
-                           for index, (shard, parts) in enumerate(zip(shards, previous, strict=True))]
+                futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None,
+                                       stage=staged_one)
+                           for index, (shard, parts, staged_one) in enumerate(zip(shards, previous, stage,
+                                                                                  strict=True))]
             outcomes = [future.exception() or future.result() for future in futures]
     finally:
         # The servers' /tokenize counter, when the chunker counted with it: closed with the task.
@@ -178,7 +184,8 @@ def yield_to_senders() -> None:
 
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
-                  previous_parts: tuple[str, ...] = (), head: HeadStart | None = None) -> ShardOutcome:
+                  previous_parts: tuple[str, ...] = (), head: HeadStart | None = None, *,
+                  stage: bool = False) -> ShardOutcome:
     """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts (and ``documents/`` with
     ``chunking.document_vector``); raise if it cannot finish. With chunking, each chunk of a document
     is embedded as its own row (``pipeline/chunks.py``).
@@ -192,6 +199,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     With ``context.dedup``, a text another unit of the run sends is not sent again: its vector
     is copied (``pipeline/dedup.py``).
     ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
+    ``stage``: the shard replaces older parts, so its vectors and documents parts are written under their
+    hidden staged names; the driver renames them once the older ones are gone (``sink/replace.py``).
     """
     started = time.monotonic()
     task_started = time.time()  # comparable between the tasks of every node, unlike the monotonic clock
@@ -325,9 +334,9 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                                                                    [r.detail for r in rejects]), context.write)
             if context.chunking is not None and context.chunking.document_vector:
                 write_part(store, DOCUMENTS_DIR, shard.id, _documents_part(context.schema, rows.document_rows),
-                           context.write)
+                           context.write, staged=stage)
             crashpoint("shard-write")
-            part.commit(store, VECTORS_DIR, shard.id)
+            part.commit(store, VECTORS_DIR, shard.id, staged=stage)
     finally:
         if copies is not None:
             copies.release()
@@ -337,7 +346,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
         shard_id=shard.id, read=read, rows=part.rows, rejects=len(rejects), reused=len(reused), truncated=truncated,
         deduplicated=rows.deduplicated, reject_reasons=dict(Counter(r.reason for r in rejects)),
         seconds=time.monotonic() - started, peak_rss_mb=peak_rss_mb(),
-        chunks=rows.tally if context.chunking is not None else None,
+        chunks=rows.tally if context.chunking is not None else None, part_bytes=part.bytes, staged=stage,
     )
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from teibatch import __version__
+from teibatch.corpus import LeftOut
 from teibatch.errors import StorageFull
 from teibatch.pipeline.chunks import ChunkTally
 from teibatch.pipeline.progress import SilentReporter
@@ -47,6 +48,8 @@ class RunSummary:
     chunking: ChunkTally | None = None  # a chunked run: documents, chunks, tokens, chunk lengths
     tokenizer: str | None = None  # a chunked run: the token rule it counted with
     replacements: list[dict[str, Any]] = field(default_factory=list)  # servers the cloud took back mid-run
+    left_out: LeftOut = field(default_factory=LeftOut)  # files the corpus path matched that the run did not read
+    parts_missing: list[str] = field(default_factory=list)  # committed shards whose part was gone: embedded again
 
     @property
     def rejected_total(self) -> int:
@@ -88,6 +91,7 @@ class RunSummary:
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,
+            "corpus": {"left_out": self.left_out.to_json()}, "parts_missing": self.parts_missing,
             **({"cost": self.cost} if self.cost is not None else {}),
             **({"replacements": self.replacements} if self.replacements else {}),
             **({"chunking": {**self.chunking.to_json(), "tokenizer": self._tokenizer_said()}}

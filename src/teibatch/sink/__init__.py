@@ -17,6 +17,8 @@ from teibatch.sink.parts import (
     warm_up,
     write_part,
 )
+from teibatch.sink.presence import PartCheck, check_parts
+from teibatch.sink.replace import Replacements
 from teibatch.sink.report import RUNS_DIR, RunChoice, choose_run, latest_report, run_ids, write_report
 from teibatch.sink.status import output_status
 from teibatch.sink.store import OutputStore
@@ -32,11 +34,14 @@ __all__ = [
     "Manifest",
     "OutputLock",
     "OutputStore",
+    "PartCheck",
+    "Replacements",
     "RunChoice",
     "ShardEntry",
     "VectorSchema",
     "VectorsPart",
     "WriteOptions",
+    "check_parts",
     "choose_run",
     "documents_table",
     "latest_report",

@@ -53,6 +53,11 @@ class LockHolder:
         """Seconds since the holder's last heartbeat (by this machine's clock)."""
         return (datetime.now(UTC) - datetime.fromisoformat(self.heartbeat_at)).total_seconds()
 
+    def stale(self) -> bool:
+        """True when the holder is gone (:meth:`gone`) or its heartbeat is older than :data:`STALE_AFTER_S`:
+        no run is writing, and the next one takes the lock over."""
+        return self.gone() or self.age_seconds() > STALE_AFTER_S
+
     def gone(self) -> bool:
         """True when the holder ran on this host and its process no longer exists."""
         if self.host != socket.gethostname():
@@ -88,7 +93,7 @@ class OutputLock:
             holder = self.holder()
             if holder is not None:
                 break
-        if holder is not None and not self._stale(holder):
+        if holder is not None and not holder.stale():
             raise OutputLocked(
                 f"another teibatch run is writing {self.store.url}: {holder.describe()}, last heartbeat "
                 f"{holder.age_seconds():.0f}s ago; this run did nothing. Wait for it to finish, or, if it "
@@ -133,9 +138,6 @@ class OutputLock:
             holder = self.holder()
             if holder is not None and holder.run_id == self.run_id:
                 self.store.remove(LOCK)
-
-    def _stale(self, holder: LockHolder) -> bool:
-        return holder.gone() or holder.age_seconds() > STALE_AFTER_S
 
     def _record(self) -> bytes:
         holder = LockHolder(self.run_id, socket.gethostname(), os.getpid(), self._started_at, _now())

@@ -15,7 +15,7 @@ import orjson
 
 from teibatch.crashpoints import crashpoint
 from teibatch.errors import SinkError
-from teibatch.sink.parts import DOCUMENTS_DIR, REJECTS_DIR, VECTORS_DIR, part_path, shard_of
+from teibatch.sink.parts import DOCUMENTS_DIR, REJECTS_DIR, VECTORS_DIR, part_path, shard_of, staged_shard_of
 from teibatch.sink.store import TEMP_MARK, OutputStore
 
 MANIFEST = "_manifest.json"
@@ -28,17 +28,31 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """A committed shard: how many vectors and rejects it wrote, and in which run."""
+    """A committed shard: how many vectors and rejects it wrote, and in which run.
+
+    ``bytes``: the size of its vectors part, by which a later run and ``status`` find a part gone or cut
+    (``None`` in a manifest written before it was recorded: then only the part's presence is checked).
+    ``staged``: its vectors part (and documents part) still lie under their hidden staged names, waiting
+    for the parts they replace to go (``sink/replace.py``).
+    """
 
     rows: int
     rejects: int
     run_id: str
     committed_at: str
     sources: tuple[str, ...] = ()
+    bytes: int | None = None
+    staged: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": self.rows, "rejects": self.rejects, "run_id": self.run_id,
-                "committed_at": self.committed_at, "sources": list(self.sources)}
+                "committed_at": self.committed_at, "sources": list(self.sources),
+                **({"bytes": self.bytes} if self.bytes is not None else {}),
+                **({"staged": True} if self.staged else {})}
+
+    def vectors_part(self, shard_id: str) -> str:
+        """Where this shard's vectors part lies now, relative to the output."""
+        return part_path(VECTORS_DIR, shard_id, staged=self.staged)
 
 
 @dataclass
@@ -81,14 +95,15 @@ class Manifest:
             raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
                             "restore it or start a new output path") from exc
 
-    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = ()) -> None:
+    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = (), *,
+               bytes: int | None = None, staged: bool = False) -> None:
         self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now(),
-                                           sources=sources)
+                                           sources=sources, bytes=bytes, staged=staged)
 
     def parts_reading(self, sources: tuple[str, ...]) -> list[str]:
         """Vectors parts of committed shards that read any of ``sources``: where their documents were."""
         wanted = set(sources)
-        return [part_path(VECTORS_DIR, sid) for sid, entry in sorted(self.shards.items())
+        return [entry.vectors_part(sid) for sid, entry in sorted(self.shards.items())
                 if wanted.intersection(entry.sources)]
 
     @property
@@ -136,18 +151,25 @@ def remove_stale(store: OutputStore, manifest: Manifest, live: set[str]) -> list
         del manifest.shards[shard_id]
     for directory in (VECTORS_DIR, DOCUMENTS_DIR, REJECTS_DIR):
         for name in store.list(directory):
-            part_of = shard_of(name)
+            part_of = shard_of(name) or staged_shard_of(name)
             if name.startswith(TEMP_MARK) or (part_of is not None and part_of not in live):
                 store.remove(f"{directory}/{name}")
     return dropped
 
 
-def remove_uncommitted_temp(store: OutputStore) -> int:
-    """Delete temporary files a killed run left behind; return how many."""
+def remove_uncommitted_temp(store: OutputStore, manifest: Manifest | None = None) -> int:
+    """Delete temporary files a killed run left behind; return how many.
+
+    With ``manifest``, also the parts of shards it does not list: written by a shard task whose shard was
+    never committed, they would stand beside the parts they were to replace (``sink/replace.py``), and a
+    run writes them again.
+    """
     removed = 0
     for directory in (VECTORS_DIR, DOCUMENTS_DIR, REJECTS_DIR, ""):
         for name in store.list(directory):
-            if name.startswith(TEMP_MARK):
+            part_of = (shard_of(name) or staged_shard_of(name)) if directory else None
+            uncommitted = manifest is not None and part_of is not None and part_of not in manifest.shards
+            if name.startswith(TEMP_MARK) or uncommitted:
                 store.remove(f"{directory}/{name}" if directory else name)
                 removed += 1
     return removed

@@ -133,13 +133,19 @@ class WriteOptions:
     row_group_size: int = 8192
 
 
-def part_name(shard_id: str) -> str:
-    return f"part-{shard_id}.parquet"
+STAGED_MARK = ".staged-"
+"""A part written under ``.staged-part-<shard>`` waits, hidden, for the parts it replaces to go (``sink/replace.py``):
+readers skip it (pyarrow and pandas skip names starting with ``.``, and it matches no ``*.parquet`` glob)."""
 
 
-def part_path(directory: str, shard_id: str) -> str:
+def part_name(shard_id: str, *, staged: bool = False) -> str:
+    """A part's file name; ``staged``: its hidden name while it waits to replace older parts."""
+    return f"{STAGED_MARK}part-{shard_id}" if staged else f"part-{shard_id}.parquet"
+
+
+def part_path(directory: str, shard_id: str, *, staged: bool = False) -> str:
     """Where shard ``shard_id``'s part of ``directory`` (vectors, rejects) lives, relative to the output."""
-    return f"{directory}/{part_name(shard_id)}"
+    return f"{directory}/{part_name(shard_id, staged=staged)}"
 
 
 def vectors_table(schema: VectorSchema, ids: Sequence[str], vectors: np.ndarray, hashes: Sequence[str],
@@ -228,9 +234,10 @@ def _bool_array(flags: np.ndarray) -> pa.Array:
 
 
 def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Table,
-               options: WriteOptions) -> str:
-    """Write ``table`` as ``<directory>/part-<shard>.parquet``, all or nothing; return its relative path."""
-    relative = part_path(directory, shard_id)
+               options: WriteOptions, *, staged: bool = False) -> str:
+    """Write ``table`` as ``<directory>/part-<shard>.parquet`` (``staged``: under its hidden staged name),
+    all or nothing; return its relative path."""
+    relative = part_path(directory, shard_id, staged=staged)
     store.write_atomic(relative, lambda handle: pq.write_table(
         table, handle, row_group_size=options.row_group_size, **_parquet_options(table.schema, options)))
     return relative
@@ -269,6 +276,7 @@ class VectorsPart:
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         self.rows = 0
+        self.bytes = 0  # the part's size once committed (the manifest records it, to find a part gone or cut)
 
     def add(self, table: pa.Table) -> None:
         """Append ``table``'s rows (a :func:`vectors_table` of this part's schema); encode every full group."""
@@ -288,16 +296,18 @@ class VectorsPart:
         """Rows already encoded into row groups (the rest wait for their group to fill, or for the commit)."""
         return self.rows - self._pending_rows
 
-    def commit(self, store: OutputStore, directory: str, shard_id: str) -> str:
-        """Encode the rest, write the part as ``<directory>/part-<shard>.parquet``; return its relative path."""
+    def commit(self, store: OutputStore, directory: str, shard_id: str, *, staged: bool = False) -> str:
+        """Encode the rest, write the part as ``<directory>/part-<shard>.parquet`` (``staged``: under its hidden
+        staged name); return its relative path."""
         with _spilling():
             if self._pending_rows or not self.rows:  # an empty part still gets its (empty) row group
                 rest = pa.concat_tables(self._pending) if self._pending else self._arrow.empty_table()
                 self._writer.write_table(rest, row_group_size=self._group)
             self._pending, self._pending_rows = [], 0
             self._writer.close()
+        self.bytes = self._spill.seek(0, 2)
         self._spill.seek(0)
-        relative = part_path(directory, shard_id)
+        relative = part_path(directory, shard_id, staged=staged)
         store.write_atomic(relative, lambda handle: shutil.copyfileobj(self._spill, handle, SPILL_COPY_BYTES))
         return relative
 
@@ -404,7 +414,13 @@ def part_metadata(store: OutputStore, relative: str) -> tuple[dict[str, Any], tu
 
 
 def shard_of(name: str) -> str | None:
-    """The shard id in a part file name, or ``None`` for other files."""
+    """The shard id in a part file name, or ``None`` for other files (staged names too: :func:`staged_shard_of`)."""
     if name.startswith("part-") and name.endswith(".parquet"):
         return name[len("part-"):-len(".parquet")]
     return None
+
+
+def staged_shard_of(name: str) -> str | None:
+    """The shard id in a staged part's file name, or ``None`` for other files."""
+    prefix = f"{STAGED_MARK}part-"
+    return name[len(prefix):] if name.startswith(prefix) else None

@@ -139,6 +139,16 @@ class OutputStore:
             raise OutputUnwritable(f"cannot write to the output {self.url}: {exc}; check output.path and its "
                             "permissions (or credentials) before running again") from exc
 
+    def move(self, relative: str, to: str) -> None:
+        """Rename ``relative`` to ``to``: one rename on a local disk; a copy, then a delete, on an object store
+        (where ``to`` appears whole, as a copy is one request)."""
+        try:
+            self.fs.mv(self.path(relative), self.path(to))
+        except FileNotFoundError:
+            raise
+        except STORAGE_ERRORS as exc:
+            raise self._write_error(to, exc) from exc
+
     def remove(self, relative: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(relative))
