@@ -28,6 +28,7 @@ from teibatch.corpus import (
     REJECT_EMPTY_TEXT,
     REJECT_UNCHUNKABLE,
     ApproxTokenCounter,
+    ChunkedDocument,
     Chunker,
     ChunkingOptions,
     Document,
@@ -41,8 +42,8 @@ from teibatch.endpoint import Endpoint
 from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
 from teibatch.sparse import Vector, vector_rows
 from teibatch.tei import EmbedResult
-from teibatch.tei.info import ClientLimits
-from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
+from teibatch.tei.info import CHARS_PER_TOKEN_LIMIT, ClientLimits
+from teibatch.tei.tokenize import TEXT_REFUSALS, RouteTokenCounter, TokenizeStats
 
 COUNTER_HASHING = "builtin-hashing"
 COUNTER_FILE = "tokenizer.json"
@@ -62,6 +63,9 @@ HISTOGRAM_BOUNDS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 HISTOGRAM_LABELS = (*(f"{low + 1}-{high}" for low, high in itertools.pairwise((0, *HISTOGRAM_BOUNDS))),
                     f">{HISTOGRAM_BOUNDS[-1]}")
 TITLE_SEPARATOR = "\n"
+REJECT_TOKENIZE_FAILED = "tokenize_failed"
+"""The reject reason for a document whose text the servers' ``/tokenize`` refuses even in pieces
+(the detail is the server's message): the rest of its shard is chunked and written."""
 
 
 @dataclass(frozen=True)
@@ -75,15 +79,18 @@ class TokenizeRoute:
     prompt_name: str | None
     timeout: float
     max_retries: int
+    max_chars: int | None = None  # characters per /tokenize input: the servers' max_input_length × 250
 
     @classmethod
     def over(cls, endpoints: Sequence[Endpoint], limits: Sequence[ClientLimits], *, prompt_name: str | None,
-             timeout: float, max_retries: int) -> TokenizeRoute:
-        """The route over ``endpoints``, within the smallest of each one's ``limits``."""
+             timeout: float, max_retries: int, max_input_length: int | None = None) -> TokenizeRoute:
+        """The route over ``endpoints``, within the smallest of each one's ``limits``; ``max_input_length``,
+        the smallest of theirs, sets the characters an input may have (TEI refuses more on ``/tokenize``)."""
         smallest = ClientLimits(max_batch_size=min(limit.max_batch_size for limit in limits),
                                 max_inflight_inputs=min(limit.max_inflight_inputs for limit in limits),
                                 payload_limit=min(limit.payload_limit for limit in limits))
-        return cls(tuple(endpoints), smallest, prompt_name, timeout, max_retries)
+        max_chars = None if max_input_length is None else max_input_length * CHARS_PER_TOKEN_LIMIT
+        return cls(tuple(endpoints), smallest, prompt_name, timeout, max_retries, max_chars)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,8 @@ def _open_route(route: TokenizeRoute) -> RouteTokenCounter:
         counter = _routes.get(route)
         if counter is None:
             counter = RouteTokenCounter(route.endpoints, route.limits, prompt_name=route.prompt_name,
-                                        timeout=route.timeout, max_retries=route.max_retries)
+                                        timeout=route.timeout, max_retries=route.max_retries,
+                                        max_chars=route.max_chars)
             _routes[route] = counter
         return counter
 
@@ -265,8 +273,15 @@ class Units:
             return
         plan = self.plan
         assert plan is not None
-        chunked = plan.chunker().chunk_batch([d.text for d in batch], [plan.prefix_of(d) for d in batch])
+        chunker = plan.chunker()
+        try:
+            chunked: list[ChunkedDocument | None] = list(
+                chunker.chunk_batch([d.text for d in batch], [plan.prefix_of(d) for d in batch]))
+        except TEXT_REFUSALS:  # the servers' /tokenize refused a text: ask document by document
+            chunked = [self._chunk_alone(chunker, plan, document, rejects) for document in batch]
         for document, cut in zip(batch, chunked, strict=True):
+            if cut is None:
+                continue
             if not cut.chunks:
                 reason = REJECT_UNCHUNKABLE if cut.problem else REJECT_EMPTY_TEXT
                 rejects.append(Reject(document.id, reason, cut.problem or "no text to embed between its whitespace"))
@@ -285,6 +300,17 @@ class Units:
                     self.texts.append(chunk.text)
             for unit, chunk in enumerate(cut.chunks, start=first):
                 yield unit, chunk.text
+
+    @staticmethod
+    def _chunk_alone(chunker: Chunker, plan: ChunkPlan, document: Document,
+                     rejects: list[Reject]) -> ChunkedDocument | None:
+        """``document``'s chunks, or ``None`` and a ``tokenize_failed`` reject when the servers'
+        ``/tokenize`` refuses its text (only a counter over that route raises these)."""
+        try:
+            return chunker.chunk(document.text, plan.prefix_of(document))
+        except TEXT_REFUSALS as exc:
+            rejects.append(Reject(document.id, REJECT_TOKENIZE_FAILED, f"the servers' /tokenize refused it: {exc}"))
+            return None
 
     def _add_document(self, record: list[Document], document: Document) -> None:
         self.first.append(len(self.ids))
