@@ -286,6 +286,9 @@ def test_a_document_over_the_tokenize_character_limit_is_chunked_beside_the_othe
     # /tokenize (max_input_length 512, so at most 128,000 characters an input), all in one shard.
     endpoints = tei_servers(1, "--model-id", "acme/long")
     monkeypatch.setenv("ROUTE_KEY", endpoints[0].api_key or "")
+    refused = httpx.post(f"{endpoints[0].url}/tokenize", json={"inputs": rows[3]["text"]},
+                         headers={"authorization": f"Bearer {endpoints[0].api_key}"})
+    assert refused.status_code == 422  # as TEI: the whole document is more than /tokenize takes
     path = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 100},
                     {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "ROUTE_KEY"},
                     model={"truncate": False}, chunking={"strategy": "tokens"})
