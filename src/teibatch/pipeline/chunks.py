@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import threading
 from collections import Counter
@@ -44,6 +45,7 @@ from teibatch.sparse import Vector, vector_rows
 from teibatch.tei import EmbedResult
 from teibatch.tei.info import CHARS_PER_TOKEN_LIMIT, ClientLimits
 from teibatch.tei.tokenize import TEXT_REFUSALS, RouteTokenCounter, TokenizeStats
+from teibatch.token_cuts import CUTS_NONE, CUTS_TOKENS
 
 COUNTER_HASHING = "builtin-hashing"
 COUNTER_FILE = "tokenizer.json"
@@ -180,6 +182,75 @@ def limit_tokenizer_threads() -> None:
     os.environ.setdefault("RAYON_NUM_THREADS", str(TOKENIZER_THREADS))
 
 
+def chunk_batch(chunker: Chunker, texts: Sequence[str], prefixes: Sequence[str]) -> list[ChunkedDocument]:
+    """``chunker``'s chunks of ``texts``; over the servers' ``/tokenize``, with its requests batched.
+
+    That counter promises nothing when a text is cut (``cuts: none``), so the chunker counts every
+    chunk again as sent, one text at a time: a request per chunk. Here the chunker first proposes
+    its chunks trusting the documents' own tokens (what the chunks would be if counts added up),
+    all the proposed chunks are counted in one call (requests of ``max_client_batch_size`` texts),
+    and the chunker runs again over those answers. The second run is the one kept and asks the
+    servers what it was not told, so its chunks are exactly those of counting one chunk at a time.
+    """
+    counter = chunker.counter
+    if not isinstance(counter, RouteTokenCounter) or counter.cuts != CUTS_NONE:
+        return chunker.chunk_batch(texts, prefixes)
+    remembered = _Remembered(counter)
+    remembered.counts(sorted({prefix for prefix in prefixes if prefix}))
+    proposed = Chunker(chunker.options, _Proposing(remembered)).chunk_batch(texts, prefixes)
+    remembered.counts([chunk.text for cut in proposed for chunk in cut.chunks])
+    return Chunker(chunker.options, remembered).chunk_batch(texts, prefixes)
+
+
+class _Remembered:
+    """A ``/tokenize`` counter that keeps its answers for one batch of documents (a token counter)."""
+
+    def __init__(self, route: RouteTokenCounter) -> None:
+        self.route, self.cuts = route, route.cuts
+        self.known_offsets: dict[str, Sequence[tuple[int, int]]] = {}
+        self.known_counts: dict[str, int] = {}
+
+    @property
+    def special_tokens(self) -> int:
+        return self.route.special_tokens
+
+    def offsets(self, texts: Sequence[str]) -> list[Sequence[tuple[int, int]]]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.known_offsets]
+        if missing:
+            self.known_offsets.update(zip(missing, self.route.offsets(missing), strict=True))
+        return [self.known_offsets[text] for text in texts]
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.known_counts]
+        if missing:
+            self.known_counts.update(zip(missing, self.route.counts(missing), strict=True))
+        return [self.known_counts[text] for text in texts]
+
+
+class _Proposing:
+    """The chunker's first run over a :class:`_Remembered`: counts add up at every token (``cuts:
+    tokens``), and a text not counted yet is guessed at the documents' own tokens per character; it
+    asks only for the documents' offsets."""
+
+    cuts = CUTS_TOKENS
+
+    def __init__(self, remembered: _Remembered) -> None:
+        self.remembered = remembered
+        self.special_tokens = remembered.special_tokens
+        self._per_char: float | None = None
+
+    def offsets(self, texts: Sequence[str]) -> list[Sequence[tuple[int, int]]]:
+        spans = self.remembered.offsets(texts)
+        chars = sum(len(text) for text in texts)
+        self._per_char = sum(len(s) for s in spans) / chars if chars else 0.0
+        return spans
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        known, per_char = self.remembered.known_counts, self._per_char or 0.0
+        return [known[text] if text in known else self.special_tokens + math.ceil(len(text) * per_char)
+                for text in texts]
+
+
 # The counts of a :class:`ChunkTally`, in the order the report lists them.
 TALLY_COUNTS = ("documents", "documents_reused", "documents_deduplicated", "chunks", "chunks_reused",
                 "chunks_deduplicated", "tokens_embedded", "document_tokens")
@@ -276,7 +347,7 @@ class Units:
         chunker = plan.chunker()
         try:
             chunked: list[ChunkedDocument | None] = list(
-                chunker.chunk_batch([d.text for d in batch], [plan.prefix_of(d) for d in batch]))
+                chunk_batch(chunker, [d.text for d in batch], [plan.prefix_of(d) for d in batch]))
         except TEXT_REFUSALS:  # the servers' /tokenize refused a text: ask document by document
             chunked = [self._chunk_alone(chunker, plan, document, rejects) for document in batch]
         for document, cut in zip(batch, chunked, strict=True):
