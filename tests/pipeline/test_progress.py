@@ -97,12 +97,15 @@ def test_documents_counted_inside_a_shard_are_not_counted_again_when_it_ends() -
     stream = io.StringIO()
     progress = InShardProgress(JsonLinesReporter(stream))
     progress.start(2, 150)
-    progress.started("a")
+    progress.started("a", 100)
     progress.landed({"a": 40, "b": 5})  # b's task is not running yet: not counted
     progress.landed({"a": 20})
     progress.advance(1, 100, shard="a", status="committed")
-    progress.started("b")
+    progress.started("b", 50)
+    progress.landed({"b": 30})
+    progress.landed({"b": 30})  # b's task ran again from its start: never more than its 50
     progress.advance(1, 50, shard="b", status="failed")
     events = [orjson.loads(line) for line in stream.getvalue().splitlines()]
     assert [(e["event"], e["documents_done"]) for e in events[1:]] == [
-        ("progress", 40), ("progress", 60), ("shard_finished", 100), ("shard_finished", 150)]
+        ("progress", 40), ("progress", 60), ("shard_finished", 100), ("progress", 130), ("progress", 150),
+        ("shard_finished", 150)]

@@ -78,17 +78,23 @@ class InShardProgress(SilentReporter):
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
         self._counted: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
 
     def landed(self, counts: dict[str, int]) -> None:
-        """Documents that landed per running shard since the last call."""
+        """Documents that landed per running shard since the last call (never more than its size: a
+        task Ray ran again counts from its start again)."""
         for shard, documents in counts.items():
-            if documents > 0 and shard in self._counted:
+            if shard not in self._counted:
+                continue
+            documents = min(documents, self._sizes[shard] - self._counted[shard])
+            if documents > 0:
                 self._counted[shard] += documents
                 self.reporter.advance(0, documents, shard=shard, status=STATUS_RUNNING)
 
-    def started(self, shard: str) -> None:
-        """``shard``'s task was started: what lands from it counts."""
+    def started(self, shard: str, size: int) -> None:
+        """``shard``'s task was started, for ``size`` documents: what lands from it counts."""
         self._counted.setdefault(shard, 0)
+        self._sizes[shard] = size
 
     def bind(self, run_id: str) -> None:
         self.reporter.bind(run_id)

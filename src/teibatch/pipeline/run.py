@@ -425,7 +425,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 parts = tuple(previous(s) for s in shards)
                 running_refs[task.remote(shards, context_ref, senders, parts, head)] = shards
                 for shard in shards:
-                    progress.started(shard.id)
+                    progress.started(shard.id, shard.size)
                 head = None
             if not queue and not last_started:
                 last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
