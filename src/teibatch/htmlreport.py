@@ -187,7 +187,7 @@ def _progress(report: dict[str, Any]) -> str:
     if not points:
         why = "has no progress points" if "progress" not in report else "recorded no finished shard"
         return f"{title}<p class=\"note\">This run {why}.</p></section>"
-    series = [("documents in finished shards",
+    series = [("documents with their vectors (finished shards, and landed in running ones)",
                [(as_number(p["t"]) or 0.0, as_number(p["documents"]) or 0.0) for p in points])]
     if any("rows" in p for p in points):
         totals = itertools.accumulate(as_number(p.get("rows")) or 0.0 for p in points)

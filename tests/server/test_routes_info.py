@@ -47,6 +47,17 @@ def test_tokenize_never_truncates() -> None:
     assert len(tokens) == 8
 
 
+def test_tokenize_refuses_an_input_over_the_character_limit_even_when_auto_truncating(client: httpx.Client) -> None:
+    # TEI tokenizes /tokenize inputs with truncation off: max_input_length (512) * 250 characters at
+    # most, whatever --auto-truncate says, and one input over fails the whole request.
+    assert client.post("/tokenize", json={"inputs": ["a", "é" * 128_000]}).status_code == 200
+    response = client.post("/tokenize", json={"inputs": ["a", "é" * 128_001], "add_special_tokens": False})
+    assert (response.status_code, response.json()) == (422, {
+        "error": "Input validation error: `inputs` must have less than 128000 characters. Given: 128001",
+        "error_type": "Validation"})
+    assert client.get("/teibatch/stats").json()["violations"]["input_length"] == 1
+
+
 @pytest.mark.parametrize("body, status, expected", [
     pytest.param({"inputs": []}, 400, {"error": "`inputs` cannot be empty", "error_type": "Empty"},
                  id="tokenize-empty-batch"),

@@ -16,10 +16,10 @@ import pytest
 from teibatch.corpus.chunking import STRATEGIES, Chunker, ChunkingOptions
 from teibatch.corpus.token_count import ApproxTokenCounter, HFTokenCounter
 from teibatch.endpoint import Endpoint
-from teibatch.errors import PayloadTooLarge, TeiAuthError
+from teibatch.errors import TeiAuthError
 from teibatch.server.testing import running_server, server_stats
 from teibatch.tei.info import ClientLimits
-from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats, char_spans
+from teibatch.tei.tokenize import TEXT_REFUSALS, RouteTokenCounter, TokenizeStats, char_spans, piece_bounds
 from teibatch.token_cuts import CUTS_NONE, CUTS_TOKENS
 from tests.tei.conftest import ServerHandle
 
@@ -121,11 +121,51 @@ def test_lower_server_limits_are_learned(tei: Start) -> None:
         assert route.stats.requests == tokenize_requests(server.url)
 
 
-def test_a_text_too_big_for_any_request_is_refused_before_sending(tei: Start) -> None:
+def test_a_text_too_big_for_any_request_goes_in_pieces(tei: Start) -> None:
     server = tei(**SMALL)
-    with counter(server.url) as route, pytest.raises(PayloadTooLarge, match=r"tokenizer\.json"):
-        route.counts(["short", "word " * 500])
-    assert tokenize_requests(server.url) == 0
+    texts = ["short", "word " * 500, "naïve " * 400]  # 2,500 and 2,400 characters, 2,800 bytes: no body holds one
+    rule = ApproxTokenCounter()
+    with counter(server.url) as route:
+        assert route.counts(texts) == rule.counts(texts)
+        assert route.offsets(texts) == rule.offsets(texts)
+    served = server_stats(server.url)
+    assert served["violations"]["payload"] == 0 and served["max_body_bytes"] <= SMALL["payload_limit"]
+
+
+def test_a_text_over_the_character_limit_goes_in_pieces_batched_with_the_others(tei: Start) -> None:
+    # max_input_length 8: /tokenize refuses an input over 2,000 characters (422), as TEI does.
+    server = tei(max_input_length=8, max_client_batch_size=32)
+    texts = [LONG * 3, "short", "x" * 4_500 + " tail", "   " * 800 + "end", "日本語" * 900]
+    assert sum(len(text) > 2_000 for text in texts) == 4
+    rule = ApproxTokenCounter()
+    limits = ClientLimits(max_batch_size=32, max_inflight_inputs=64, payload_limit=2_000_000)
+    with counter(server.url, limits=limits, max_chars=8 * 250) as route:
+        assert route.offsets(texts) == rule.offsets(texts)
+        assert tokenize_requests(server.url) == 1  # every piece of every text in one request
+        assert route.counts(texts) == rule.counts(texts)
+    served = server_stats(server.url)
+    assert served["violations"]["input_length"] == 0 and "422" not in served["requests"]["by_status"]
+    assert served["max_inputs_per_request"] > len(texts)
+
+
+def test_without_the_character_limit_a_long_text_is_refused_with_the_servers_message(tei: Start) -> None:
+    server = tei(max_input_length=8)
+    generous = ClientLimits(max_batch_size=4, max_inflight_inputs=16, payload_limit=2_000_000)
+    with counter(server.url, limits=generous) as route, \
+            pytest.raises(TEXT_REFUSALS, match="must have less than 2000 characters"):
+        route.offsets(["short", "word " * 500])
+
+
+@pytest.mark.parametrize(("limit", "expected"), [
+    pytest.param(5, [(0, 3), (3, 7), (7, 9)], id="before-each-space-run"),
+    pytest.param(3, [(0, 3), (3, 4), (4, 7), (7, 9)], id="inside-a-space-run"),
+    pytest.param(2, [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7), (7, 9)], id="inside-words"),
+])
+def test_piece_bounds(limit: int, expected: list[tuple[int, int]]) -> None:
+    text = "abc  de f"
+    bounds = piece_bounds(text, limit)
+    assert bounds == expected and "".join(text[a:b] for a, b in bounds) == text
+    assert all(0 < b - a <= limit for a, b in bounds)
 
 
 def test_a_wrong_key_is_raised(tei: Start) -> None:

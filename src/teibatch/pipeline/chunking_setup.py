@@ -57,7 +57,8 @@ def chunk_plan(job: JobSpec, fleet: Fleet, counter: CounterSource | None, limits
     ``limits`` the run's towards each of ``fleet``'s servers (for their ``/tokenize`` route)."""
     route = TokenizeRoute.over([server.endpoint for server in fleet.servers], limits,
                                prompt_name=job.model.prompt_name, timeout=job.client.request_timeout,
-                               max_retries=job.client.max_retries)
+                               max_retries=job.client.max_retries,
+                               max_input_length=min(server.info.max_input_length for server in fleet.servers))
     source = counter or choose_counter(job, fleet.model_id, route)
     try:
         return make_plan(job, source, min(server.info.max_input_length for server in fleet.servers))

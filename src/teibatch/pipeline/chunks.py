@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import threading
 from collections import Counter
@@ -28,6 +29,7 @@ from teibatch.corpus import (
     REJECT_EMPTY_TEXT,
     REJECT_UNCHUNKABLE,
     ApproxTokenCounter,
+    ChunkedDocument,
     Chunker,
     ChunkingOptions,
     Document,
@@ -41,8 +43,9 @@ from teibatch.endpoint import Endpoint
 from teibatch.sink import VectorSchema, VectorsPart, documents_table, vectors_table
 from teibatch.sparse import Vector, vector_rows
 from teibatch.tei import EmbedResult
-from teibatch.tei.info import ClientLimits
-from teibatch.tei.tokenize import RouteTokenCounter, TokenizeStats
+from teibatch.tei.info import CHARS_PER_TOKEN_LIMIT, ClientLimits
+from teibatch.tei.tokenize import TEXT_REFUSALS, RouteTokenCounter, TokenizeStats
+from teibatch.token_cuts import CUTS_NONE, CUTS_TOKENS
 
 COUNTER_HASHING = "builtin-hashing"
 COUNTER_FILE = "tokenizer.json"
@@ -62,6 +65,9 @@ HISTOGRAM_BOUNDS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 HISTOGRAM_LABELS = (*(f"{low + 1}-{high}" for low, high in itertools.pairwise((0, *HISTOGRAM_BOUNDS))),
                     f">{HISTOGRAM_BOUNDS[-1]}")
 TITLE_SEPARATOR = "\n"
+REJECT_TOKENIZE_FAILED = "tokenize_failed"
+"""The reject reason for a document whose text the servers' ``/tokenize`` refuses even in pieces
+(the detail is the server's message): the rest of its shard is chunked and written."""
 
 
 @dataclass(frozen=True)
@@ -75,15 +81,18 @@ class TokenizeRoute:
     prompt_name: str | None
     timeout: float
     max_retries: int
+    max_chars: int | None = None  # characters per /tokenize input: the servers' max_input_length × 250
 
     @classmethod
     def over(cls, endpoints: Sequence[Endpoint], limits: Sequence[ClientLimits], *, prompt_name: str | None,
-             timeout: float, max_retries: int) -> TokenizeRoute:
-        """The route over ``endpoints``, within the smallest of each one's ``limits``."""
+             timeout: float, max_retries: int, max_input_length: int | None = None) -> TokenizeRoute:
+        """The route over ``endpoints``, within the smallest of each one's ``limits``; ``max_input_length``,
+        the smallest of theirs, sets the characters an input may have (TEI refuses more on ``/tokenize``)."""
         smallest = ClientLimits(max_batch_size=min(limit.max_batch_size for limit in limits),
                                 max_inflight_inputs=min(limit.max_inflight_inputs for limit in limits),
                                 payload_limit=min(limit.payload_limit for limit in limits))
-        return cls(tuple(endpoints), smallest, prompt_name, timeout, max_retries)
+        max_chars = None if max_input_length is None else max_input_length * CHARS_PER_TOKEN_LIMIT
+        return cls(tuple(endpoints), smallest, prompt_name, timeout, max_retries, max_chars)
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,8 @@ def _open_route(route: TokenizeRoute) -> RouteTokenCounter:
         counter = _routes.get(route)
         if counter is None:
             counter = RouteTokenCounter(route.endpoints, route.limits, prompt_name=route.prompt_name,
-                                        timeout=route.timeout, max_retries=route.max_retries)
+                                        timeout=route.timeout, max_retries=route.max_retries,
+                                        max_chars=route.max_chars)
             _routes[route] = counter
         return counter
 
@@ -170,6 +180,75 @@ def limit_tokenizer_threads() -> None:
     """Keep ``tokenizers`` to :data:`TOKENIZER_THREADS` in this (shard worker) process, unless the
     environment sets RAYON_NUM_THREADS; it takes every core otherwise. Call before its first batch."""
     os.environ.setdefault("RAYON_NUM_THREADS", str(TOKENIZER_THREADS))
+
+
+def chunk_batch(chunker: Chunker, texts: Sequence[str], prefixes: Sequence[str]) -> list[ChunkedDocument]:
+    """``chunker``'s chunks of ``texts``; over the servers' ``/tokenize``, with its requests batched.
+
+    That counter promises nothing when a text is cut (``cuts: none``), so the chunker counts every
+    chunk again as sent, one text at a time: a request per chunk. Here the chunker first proposes
+    its chunks trusting the documents' own tokens (what the chunks would be if counts added up),
+    all the proposed chunks are counted in one call (requests of ``max_client_batch_size`` texts),
+    and the chunker runs again over those answers. The second run is the one kept and asks the
+    servers what it was not told, so its chunks are exactly those of counting one chunk at a time.
+    """
+    counter = chunker.counter
+    if not isinstance(counter, RouteTokenCounter) or counter.cuts != CUTS_NONE:
+        return chunker.chunk_batch(texts, prefixes)
+    remembered = _Remembered(counter)
+    remembered.counts(sorted({prefix for prefix in prefixes if prefix}))
+    proposed = Chunker(chunker.options, _Proposing(remembered)).chunk_batch(texts, prefixes)
+    remembered.counts([chunk.text for cut in proposed for chunk in cut.chunks])
+    return Chunker(chunker.options, remembered).chunk_batch(texts, prefixes)
+
+
+class _Remembered:
+    """A ``/tokenize`` counter that keeps its answers for one batch of documents (a token counter)."""
+
+    def __init__(self, route: RouteTokenCounter) -> None:
+        self.route, self.cuts = route, route.cuts
+        self.known_offsets: dict[str, Sequence[tuple[int, int]]] = {}
+        self.known_counts: dict[str, int] = {}
+
+    @property
+    def special_tokens(self) -> int:
+        return self.route.special_tokens
+
+    def offsets(self, texts: Sequence[str]) -> list[Sequence[tuple[int, int]]]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.known_offsets]
+        if missing:
+            self.known_offsets.update(zip(missing, self.route.offsets(missing), strict=True))
+        return [self.known_offsets[text] for text in texts]
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self.known_counts]
+        if missing:
+            self.known_counts.update(zip(missing, self.route.counts(missing), strict=True))
+        return [self.known_counts[text] for text in texts]
+
+
+class _Proposing:
+    """The chunker's first run over a :class:`_Remembered`: counts add up at every token (``cuts:
+    tokens``), and a text not counted yet is guessed at the documents' own tokens per character; it
+    asks only for the documents' offsets."""
+
+    cuts = CUTS_TOKENS
+
+    def __init__(self, remembered: _Remembered) -> None:
+        self.remembered = remembered
+        self.special_tokens = remembered.special_tokens
+        self._per_char: float | None = None
+
+    def offsets(self, texts: Sequence[str]) -> list[Sequence[tuple[int, int]]]:
+        spans = self.remembered.offsets(texts)
+        chars = sum(len(text) for text in texts)
+        self._per_char = sum(len(s) for s in spans) / chars if chars else 0.0
+        return spans
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        known, per_char = self.remembered.known_counts, self._per_char or 0.0
+        return [known[text] if text in known else self.special_tokens + math.ceil(len(text) * per_char)
+                for text in texts]
 
 
 # The counts of a :class:`ChunkTally`, in the order the report lists them.
@@ -265,8 +344,15 @@ class Units:
             return
         plan = self.plan
         assert plan is not None
-        chunked = plan.chunker().chunk_batch([d.text for d in batch], [plan.prefix_of(d) for d in batch])
+        chunker = plan.chunker()
+        try:
+            chunked: list[ChunkedDocument | None] = list(
+                chunk_batch(chunker, [d.text for d in batch], [plan.prefix_of(d) for d in batch]))
+        except TEXT_REFUSALS:  # the servers' /tokenize refused a text: ask document by document
+            chunked = [self._chunk_alone(chunker, plan, document, rejects) for document in batch]
         for document, cut in zip(batch, chunked, strict=True):
+            if cut is None:
+                continue
             if not cut.chunks:
                 reason = REJECT_UNCHUNKABLE if cut.problem else REJECT_EMPTY_TEXT
                 rejects.append(Reject(document.id, reason, cut.problem or "no text to embed between its whitespace"))
@@ -285,6 +371,17 @@ class Units:
                     self.texts.append(chunk.text)
             for unit, chunk in enumerate(cut.chunks, start=first):
                 yield unit, chunk.text
+
+    @staticmethod
+    def _chunk_alone(chunker: Chunker, plan: ChunkPlan, document: Document,
+                     rejects: list[Reject]) -> ChunkedDocument | None:
+        """``document``'s chunks, or ``None`` and a ``tokenize_failed`` reject when the servers'
+        ``/tokenize`` refuses its text (only a counter over that route raises these)."""
+        try:
+            return chunker.chunk(document.text, plan.prefix_of(document))
+        except TEXT_REFUSALS as exc:
+            rejects.append(Reject(document.id, REJECT_TOKENIZE_FAILED, f"the servers' /tokenize refused it: {exc}"))
+            return None
 
     def _add_document(self, record: list[Document], document: Document) -> None:
         self.first.append(len(self.ids))

@@ -32,3 +32,6 @@ class ShardContext:
     and across the run's shards (``pipeline/dedup.py``)."""
     moved: MovedTexts | None = None
     """Incremental mode: the earlier output's texts by content hash (``pipeline/moved_texts.py``)."""
+    landed: Any = None
+    """The run's :class:`~teibatch.pipeline.landed.LandedDocuments` actor: what landed inside shards
+    still running, for the progress display; ``None``: nothing is told before a shard ends."""

@@ -3,7 +3,9 @@ JSON lines for machines; reporters fan out (the run report and the metrics liste
 
 Every event has a name (``event``) and fields: ``message`` events carry what a person reads, and
 ``advance`` carries the shard that just finished (``shard``, ``status``: committed, failed or not
-committed, ``rows``, ``rejects``). ``finish`` receives the run's final report (``runs/<id>.json``).
+committed, ``rows``, ``rejects``), or, with ``status: running`` and no shard done, documents whose
+vectors landed in a shard still running (``pipeline/landed.py``; the JSON lines call it ``progress``).
+``finish`` receives the run's final report (``runs/<id>.json``).
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ class JsonLinesReporter(SilentReporter):
     def advance(self, shards: int, documents: int, **fields: Any) -> None:
         self._done_shards += shards
         self._done_documents += documents
-        level = "info" if fields.get("status", "committed") == "committed" else "warning"
-        self.emit("shard_finished", level, **fields, shards_done=self._done_shards, shards_total=self._shards,
+        status = fields.get("status", "committed")
+        level = "info" if status in ("committed", "running") else "warning"
+        self.emit("progress" if status == "running" else "shard_finished", level, **fields,
+                  shards_done=self._done_shards, shards_total=self._shards,
                   documents_done=self._done_documents, documents_total=self._documents)
 
     def finish(self, report: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
+from teibatch.pipeline.landed import InShardProgress, landed_since, start_landed
 from teibatch.pipeline.moved_texts import index_moved_texts
 from teibatch.pipeline.opening import Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
@@ -76,6 +77,8 @@ log = logging.getLogger(__name__)
 FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
 # How often the driver passes on what the senders saw (retries, servers taken out).
 NEWS_INTERVAL_S = 5.0
+LANDED_POLL_S = 1.0
+"""How often the driver takes the documents landed in running shards (one small actor call)."""
 # Shard tasks per sender beyond those that fill its budget, when the job leaves it to teibatch (see _tasks_in_flight).
 SPARE_TASKS_PER_SENDER = 1
 # The most shards one task processes side by side (see _tasks).
@@ -342,7 +345,7 @@ def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, ke
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, dedup=dedup, moved=moved)
+                        chunking=chunking, dedup=dedup, moved=moved, landed=start_landed())
 
 
 def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,
@@ -442,6 +445,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
     """
     task = as_shard_work(shard_task)
     context_ref = ray.put(context)
+    reporter = progress = InShardProgress(reporter)  # documents count as they land, not only as shards end
     queue = list(reversed(tasks))
     in_flight = _tasks_in_flight(job, senders, queue, per_document)
     alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
@@ -459,6 +463,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 parts = tuple(previous(s) for s in shards)
                 staged = tuple(replacements.supersedes(s.id) for s in shards)
                 running_refs[task.remote(shards, context_ref, senders, parts, head, staged)] = shards
+                for shard in shards:
+                    progress.started(shard.id, shard.size)
                 head = None
             if not queue and not last_started:
                 last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
@@ -472,7 +478,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 for line in sender_news(senders):
                     reporter.message(line, event="server_fault")
                 news_due = now + NEWS_INTERVAL_S
-            wait = min(NEWS_INTERVAL_S, deadline - now) if deadline is not None else NEWS_INTERVAL_S
+            progress.landed(landed_since(context.landed))
+            wait = min(LANDED_POLL_S, deadline - now) if deadline is not None else LANDED_POLL_S
             if (to_change := ramp.seconds_to_change(now)) is not None:
                 wait = min(wait, to_change)
             done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))

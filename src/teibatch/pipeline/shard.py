@@ -33,6 +33,7 @@ from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vec
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.dedup import CLAIM_BATCH, ShardCopies
 from teibatch.pipeline.head_start import HeadStart
+from teibatch.pipeline.landed import ShardLanded
 from teibatch.pipeline.senders.plans import SenderRef
 from teibatch.pipeline.senders.sending import embed_through_senders, embedded_in_order
 from teibatch.sink import (
@@ -284,6 +285,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     refusals: dict[int, Failure] = {}
     held: deque[tuple[list[int], EmbedResult]] = deque()  # results waiting for copies before them
+    landed = ShardLanded(context.landed, shard.id)
     try:
         with VectorsPart(context.schema, context.write) as part:
             rows = RowsInOrder(part, context.schema, documents, units, reused,
@@ -301,6 +303,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                                                    stream=shard.id, head=head):
                 positions = to_embed[start:start + len(result.ok)]
                 take(positions, result)
+                if positions:  # results come in unit order: every document before this unit's has its vectors
+                    landed.to(units.doc[positions[-1]])
                 if positions and not unfinished:  # else nothing is written: the part is not worth encoding
                     held.append((positions, result))
                     hand_over()

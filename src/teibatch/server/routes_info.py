@@ -2,7 +2,8 @@
 and teibatch's own ``/teibatch/stats``.
 
 ``/tokenize`` and ``/decode`` check the batch size but take no permit (they never answer 429),
-and ``/tokenize`` never truncates, as in TEI.
+and ``/tokenize`` never truncates, as in TEI: an input over ``max_input_length * 250`` characters
+fails the whole request with 422, as with truncation off on ``/embed``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from teibatch.server.bodies import parse_decode, parse_tokenize, read_json
 from teibatch.server.config import TEI_VERSION
 from teibatch.server.responses import ApiError, empty, json_response
 from teibatch.server.state import STATE
-from teibatch.server.validation import resolve_prompt
+from teibatch.server.validation import check_tokenize_input, resolve_prompt
 
 
 async def health(request: web.Request) -> web.Response:
@@ -57,6 +58,8 @@ async def tokenize(request: web.Request) -> web.Response:
         raise ApiError("Empty", "`inputs` cannot be empty", metric="validation")
     state.check_batch_size(len(params.texts))
     prompt = resolve_prompt(state.config, params.prompt_name)
+    for text in params.texts:
+        check_tokenize_input(text, state.config)
     tokenizer = state.backend.tokenizer
     body = [
         [{"id": t.id, "text": t.text, "special": t.special, "start": t.start, "stop": t.stop}

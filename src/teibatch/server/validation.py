@@ -56,6 +56,21 @@ def too_long(max_length: int, given: int) -> ApiError:
                       violation="input_length")
 
 
+def too_many_chars(char_limit: int, given: int) -> ApiError:
+    """422 for an input over ``max_input_length * 250`` characters (counted before the prompt) where
+    nothing truncates: with truncation off, and always on ``/tokenize``."""
+    return validation(f"`inputs` must have less than {char_limit} characters. Given: {given}",
+                      violation="input_length")
+
+
+def check_tokenize_input(text: str, config: ServerConfig) -> None:
+    """``/tokenize``'s per-input check: TEI tokenizes with truncation off, so an input over the
+    character limit is refused (422), never cut."""
+    char_limit = config.effective_max_input_length * CHARS_PER_TOKEN_LIMIT
+    if len(text) > char_limit:
+        raise too_many_chars(char_limit, len(text))
+
+
 def prepare(item: Item, *, tokenizer: Tokenizer, config: ServerConfig, truncate: bool | None,
             direction: str, prompt: str) -> Prepared:
     """One input checked and cut as TEI would; raises :class:`ApiError` (400/422) when refused."""
@@ -71,8 +86,7 @@ def prepare(item: Item, *, tokenizer: Tokenizer, config: ServerConfig, truncate:
     text = item
     if chars > char_limit:
         if not do_truncate:
-            raise validation(f"`inputs` must have less than {char_limit} characters. Given: {chars}",
-                             violation="input_length")
+            raise too_many_chars(char_limit, chars)
         text = text[:char_limit] if direction == "right" else text[-char_limit:]
     text = prompt + text
     tokens = tokenizer.count(text)

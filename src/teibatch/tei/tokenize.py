@@ -31,13 +31,33 @@ answer                           what happens
 5xx, no answer, a wrong 200      resent to the next server after a jittered wait; more than
                                  ``max_retries`` in a row: raised
 413 body too large, 422 too many the lower limit is learned and the texts are sent in smaller
-                                 requests; a single text too big for a body is raised as
-                                 :class:`~teibatch.errors.PayloadTooLarge` (give the chunker the
-                                 model's tokenizer.json instead)
+                                 requests; a single text too big for a body is sent in pieces
 401, any other 4xx               raised: every other request would fail the same way
 ================================ ===============================================================
 
 Empty texts are answered without asking: no tokens, and ``special_tokens`` counted.
+
+**Long texts go in pieces.** TEI's ``/tokenize`` never truncates, so it refuses (422) any input over
+``max_input_length * 250`` characters (``max_chars``, from the servers' ``/info``), and a body over
+the payload limit is refused too. A text over either is cut into pieces under both
+(:func:`piece_bounds`), and the pieces are sent like any other texts: packed several to a request
+beside the other texts of the call. Each piece is tokenized alone; its spans are moved by the
+piece's start, and a text's count is its pieces' counts less what the server adds to every input
+(``special_tokens``) for each piece after the first. What holds:
+
+* a piece ends where a run of whitespace starts, so the next piece starts with that whitespace. A
+  tokenizer whose tokens never cross whitespace (WordPiece, the built-in rule) or that joins
+  whitespace to the word after it (byte-level BPE, SentencePiece's ``▁``) gives the pieces the
+  whole text's tokens, and the count adds up exactly;
+* only where a window of ``max_chars`` characters holds no whitespace start (a run of spaces, a
+  base64 blob, text without spaces) is a piece cut elsewhere: inside the whitespace, else inside a
+  word, where the tokens next to the cut may differ from the whole text's;
+* the chunker counts each chunk again as sent (``cuts: none``), far below the limit, so such a cut
+  can move where a chunk ends, never let a chunk over ``max_tokens``.
+
+A text that the servers still refuse (a 4xx naming the input: :data:`TEXT_REFUSALS`) fails the call;
+the caller may ask again text by text to learn which (a shard rejects that document, with the
+server's message, as ``tokenize_failed``).
 
 The counter is called from plain threads (a shard task's, which run no event loop), and from
 several at once: it runs its own event loop in one background thread, started on first use and
@@ -48,7 +68,9 @@ manager) when done.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -58,7 +80,15 @@ import numpy as np
 import orjson
 
 from teibatch.endpoint import Endpoint
-from teibatch.errors import PayloadTooLarge, ServerFault, TeiOverloaded, TeiUnavailable, TooManyInputs
+from teibatch.errors import (
+    InputTooLong,
+    PayloadTooLarge,
+    ServerFault,
+    TeiOverloaded,
+    TeiRequestError,
+    TeiUnavailable,
+    TooManyInputs,
+)
 from teibatch.tei.checks import FAULT_BAD_BODY
 from teibatch.tei.client import DEFAULT_TIMEOUT_S, TeiClient, tls_settings
 from teibatch.tei.embedder import DEFAULT_MAX_RETRIES, MAX_OVERLOAD_RETRIES, MAX_RETRY_AFTER_S, backoff
@@ -71,8 +101,15 @@ is cheap for a server, and the route shares its CPU with the embedding the run i
 PROBE_TEXT = "a"
 """The text whose count, less its own tokens, is what the server adds to every input."""
 
+TEXT_REFUSALS = (InputTooLong, PayloadTooLarge, TeiRequestError)
+"""Answers that refuse a text rather than the request's form or the server's state (too many
+characters or tokens, too big for any body, another 4xx such as a tokenizer error): asked text by
+text, only the texts at fault fail."""
+
 _T = TypeVar("_T")
 Spans = list[tuple[int, int]]
+_RUN_START = re.compile(r"(?<=\S)\s")
+_SPACE = re.compile(r"\s")
 
 
 @dataclass(frozen=True)
@@ -110,12 +147,14 @@ class RouteTokenCounter:
 
     ``endpoints`` serve the same model; ``limits`` are the smallest of theirs (inputs per request,
     payload limit, inputs in flight). ``prompt_name`` is the job's ``model.prompt_name``: its tokens
-    count with every input.
+    count with every input. ``max_chars`` is the
+    servers' character limit per input (``max_input_length * 250``; ``None``: only the payload limit
+    cuts texts into pieces).
     """
 
     def __init__(self, endpoints: Sequence[Endpoint], limits: ClientLimits, *, prompt_name: str | None = None,
                  cuts: str = CUTS_NONE, timeout: float = DEFAULT_TIMEOUT_S,
-                 max_retries: int = DEFAULT_MAX_RETRIES) -> None:
+                 max_retries: int = DEFAULT_MAX_RETRIES, max_chars: int | None = None) -> None:
         if not endpoints:
             raise ValueError("a /tokenize counter needs at least one server")
         if cuts not in CUTS:
@@ -124,6 +163,7 @@ class RouteTokenCounter:
         self.cuts = cuts
         self.prompt_name = prompt_name
         self.max_retries = max_retries
+        self.max_chars = max_chars
         self._timeout = timeout
         self._batch_cap = max(1, min(limits.max_batch_size, limits.max_inflight_inputs))
         known = [e.payload_limit for e in endpoints if e.payload_limit is not None]
@@ -163,17 +203,49 @@ class RouteTokenCounter:
         return TokenizeStats(self._requests, self._inputs, self._retries)
 
     def offsets(self, texts: Sequence[str]) -> list[Spans]:
-        """Character spans of each text's tokens, special tokens left out."""
-        tokens = self._call(self._tokenize(texts, _Ask(special=False, prompt_name=None)))
-        return [char_spans(text, spans) for text, (_, spans) in zip(texts, tokens, strict=True)]
+        """Character spans of each text's tokens, special tokens left out (a long text's in pieces)."""
+        ask = _Ask(special=False, prompt_name=None)
+        pieces = [self._pieces(text, ask) for text in texts]
+        flat = [text[start:end] for text, bounds in zip(texts, pieces, strict=True) for start, end in bounds]
+        tokens = iter(self._call(self._tokenize(flat, ask)))
+        spans: list[Spans] = []
+        for text, bounds in zip(texts, pieces, strict=True):
+            joined: Spans = []
+            for start, end in bounds:
+                joined.extend((a + start, b + start) for a, b in char_spans(text[start:end], next(tokens)[1]))
+            spans.append(joined)
+        return spans
 
     def counts(self, texts: Sequence[str]) -> list[int]:
-        """Each text's tokens as the server counts them: special tokens and the prompt's included."""
+        """Each text's tokens as the server counts them: special tokens and the prompt's included (a long
+        text's pieces' counts, less what the server adds to every input for each piece after the first)."""
         ask = _Ask(special=True, prompt_name=self.prompt_name)
-        if self._special_tokens is None and not all(texts):
-            _ = self.special_tokens  # an empty text counts what the server adds to every input
-        answers = self._call(self._tokenize(texts, ask))
-        return [count if text else self._special_tokens or 0 for text, (count, _) in zip(texts, answers, strict=True)]
+        pieces = [self._pieces(text, ask) for text in texts]
+        if self._special_tokens is None and any(len(bounds) != 1 for bounds in pieces):
+            _ = self.special_tokens  # an empty text counts it; so does each piece after a long text's first
+        flat = [text[start:end] for text, bounds in zip(texts, pieces, strict=True) for start, end in bounds]
+        answers = iter(self._call(self._tokenize(flat, ask)))
+        added = self._special_tokens or 0
+        return [sum(next(answers)[0] for _ in bounds) - added * (len(bounds) - 1) for bounds in pieces]
+
+    def _pieces(self, text: str, ask: _Ask) -> list[tuple[int, int]]:
+        """``text`` as ``(start, end)`` pieces that the servers take: one unless it is over ``max_chars``
+        or its JSON over the payload limit; none for ``""``, which is answered without asking."""
+        if not text:
+            return []
+        limit = len(text) if self.max_chars is None else self.max_chars
+        bounds = piece_bounds(text, limit)
+        room = self._payload_limit - len(ask.body([b'""']))
+        fitted: list[tuple[int, int]] = []
+        while bounds:
+            start, end = bounds.pop(0)
+            size = len(orjson.dumps(text[start:end]))
+            if size <= room or end - start <= 1:
+                fitted.append((start, end))  # a lone character over the limit: the server says so
+                continue
+            smaller = max(1, (end - start) * room // size)  # at most this many characters fit, on average
+            bounds[:0] = [(start + a, start + b) for a, b in piece_bounds(text[start:end], smaller)]
+        return fitted
 
     def close(self) -> None:
         """Close the connections and stop the background thread; the counter cannot be used after."""
@@ -243,9 +315,9 @@ class RouteTokenCounter:
         for position, text in zip(positions, encoded, strict=True):
             if fixed + len(text) > self._payload_limit:
                 raise PayloadTooLarge(
-                    f"a text of {len(text):,} bytes (as JSON) does not fit the payload limit of "
-                    f"{self._payload_limit:,} bytes even alone, so /tokenize cannot count it; give the chunker "
-                    "the model's tokenizer.json, or raise the servers' --payload-limit",
+                    f"a piece of text of {len(text):,} bytes (as JSON, one character) does not fit the payload "
+                    f"limit of {self._payload_limit:,} bytes even alone, so /tokenize cannot count it; give the "
+                    "chunker the model's tokenizer.json, or raise the servers' --payload-limit",
                     server=self.endpoints[0].url)
             if batch and (len(batch) >= self._batch_cap or size + 1 + len(text) > self._payload_limit):
                 batches.append(batch)
@@ -330,6 +402,32 @@ def _read_answer(content: bytes, inputs: int, *, server: str) -> list[tuple[int,
         raise ServerFault(f"answered 200 to /tokenize with a body that is not its JSON ({exc})", server=server,
                           kind=FAULT_BAD_BODY) from exc
     return answers
+
+
+def piece_bounds(text: str, limit: int) -> list[tuple[int, int]]:
+    """``text`` as consecutive ``(start, end)`` pieces of at most ``limit`` characters, together all of it.
+
+    A piece ends where the last run of whitespace within its reach starts, so the next piece starts
+    with that whitespace and no word or token is cut; where there is none, at the last whitespace
+    within reach, else after ``limit`` characters (see the module docstring for what then holds).
+    """
+    if limit < 1:
+        raise ValueError(f"a piece holds at least one character, not {limit}")
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while len(text) - start > limit:
+        reach = start + limit + 1  # a cut at start + limit leaves a piece of exactly limit characters
+        cut = _last(_RUN_START, text, start + 1, reach) or _last(_SPACE, text, start + 1, reach) or reach - 1
+        bounds.append((start, cut))
+        start = cut
+    bounds.append((start, len(text)))
+    return bounds
+
+
+def _last(pattern: re.Pattern[str], text: str, start: int, end: int) -> int | None:
+    """Where the last match of ``pattern`` in ``text[start:end]`` starts (lookbehind sees before ``start``)."""
+    last = deque(pattern.finditer(text, start, end), maxlen=1)
+    return last[0].start() if last else None
 
 
 def char_spans(text: str, spans: Spans) -> Spans:
