@@ -10,6 +10,7 @@ from teibatch.corpus.records import CorpusOptions
 from teibatch.pipeline.chunks import ChunkPlan
 from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.moved_texts import MovedTexts
+from teibatch.pipeline.unique_ids import IdIndex
 from teibatch.sink.parts import VectorSchema, WriteOptions
 
 
@@ -32,3 +33,5 @@ class ShardContext:
     and across the run's shards (``pipeline/dedup.py``)."""
     moved: MovedTexts | None = None
     """Incremental mode: the earlier output's texts by content hash (``pipeline/moved_texts.py``)."""
+    ids: IdIndex | None = None
+    """Documents whose id an earlier shard of the plan holds: rejected as duplicates (``pipeline/unique_ids.py``)."""

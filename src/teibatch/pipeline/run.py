@@ -53,6 +53,7 @@ from teibatch.pipeline.senders.sending import last_streams, streams_done
 from teibatch.pipeline.shard import ShardOutcome, as_shard_work, shard_task
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
+from teibatch.pipeline.unique_ids import IdIndex, build_id_index
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -141,8 +142,10 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 # Ray starts in the background while the servers start; the senders wait for it.
                 with ray_session(ray_address, summary.timings) as ray_start:
                     previous = _previous_parts(job, manifest, live)
+                    ids = _id_index(job, store, shards, ray_start, summary)
+                    interrupts.check()
                     _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                                   ray_start, kept)
+                                   ray_start, kept, ids)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -204,6 +207,16 @@ def _refuse_all_rejected(summary: RunSummary) -> None:
                          "no vectors accepts other reading options")
 
 
+def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_start: RayStart,
+              summary: RunSummary) -> IdIndex | None:
+    """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``),
+    found before any server starts (nobody pays for a GPU while the corpus's ids are read)."""
+    clock = time.monotonic()
+    ids = build_id_index(store, dict(job.output.storage_options), job.corpus_options(), shards, ray_start.wait)
+    summary.timings["id_index_s"] = time.monotonic() - clock
+    return ids
+
+
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
     """Incremental mode: where an earlier run wrote the documents of a shard that changed."""
     stale = Manifest(manifest.fingerprint, manifest.job_name,
@@ -218,7 +231,7 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
                    summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
-                   kept: KeptFields | None) -> None:
+                   kept: KeptFields | None, ids: IdIndex | None) -> None:
     """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
@@ -238,8 +251,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             reinstall(interrupts)
             interrupts.check()
             # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
+            # Nor does a first shard some of whose documents are duplicates: the driver reads without the index.
             first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
-                else pending[0]
+                or (ids is not None and ids.holds(pending[0].id)) else pending[0]
             opening = Opening(job, options, endpoints, len(pending), first)
             context: ShardContext | None = None
             try:
@@ -250,7 +264,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
                 context = _shard_context(job, fleet, counter, kept, manifest, store, pending, senders, summary,
-                                         reporter)
+                                         reporter, ids)
                 if head is not None and context.dedup is not None:  # the first shard sends them
                     context.dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
                                                               for text in opening.sent_texts()))
@@ -274,7 +288,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
 
 def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
                    manifest: Manifest, store: OutputStore, pending: list[Shard], senders: Sequence[SenderRef],
-                   summary: RunSummary, reporter: Reporter) -> ShardContext:
+                   summary: RunSummary, reporter: Reporter, ids: IdIndex | None) -> ShardContext:
     """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
     metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
     chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
@@ -312,7 +326,7 @@ def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, ke
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, dedup=dedup, moved=moved)
+                        chunking=chunking, dedup=dedup, moved=moved, ids=ids)
 
 
 def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,

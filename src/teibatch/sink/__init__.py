@@ -1,5 +1,6 @@
 """The output: Parquet parts written all or nothing, the manifest, and run reports."""
 
+from teibatch.sink.id_repeats import check_output_ids
 from teibatch.sink.lock import LOCK, LockHolder, OutputLock
 from teibatch.sink.manifest import MANIFEST, Manifest, ShardEntry, remove_stale, remove_uncommitted_temp
 from teibatch.sink.parts import (
@@ -37,6 +38,7 @@ __all__ = [
     "VectorSchema",
     "VectorsPart",
     "WriteOptions",
+    "check_output_ids",
     "choose_run",
     "documents_table",
     "latest_report",

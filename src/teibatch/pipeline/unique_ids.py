@@ -1,0 +1,184 @@
+"""Every id at most once in an output, whatever the sharding: the run's id index.
+
+Within a shard, ``read_shard`` rejects a second document with an id it has already seen. Across
+shards and files the rule is the same, decided over the whole plan: the first occurrence in plan
+order (the sorted file list, then the row) keeps the id, and every later one in another shard is a
+``duplicate_id`` reject whose detail names both places (``b.jsonl#0 (line 1): id 'd95' (line 1) was
+already seen (a.jsonl#95 (line 96))``). The decision depends only on the plan — the shard ids, which
+digest the files' fingerprints and the reading options — never on which shards are committed: a
+fresh run, a resumed one (after a kill, with some shards committed) and a rerun over the same corpus
+decide alike, and a pending shard never writes an id that a committed shard holds.
+
+The index is built after planning and before any server starts, in bounded memory (no set of ids
+anywhere, ``sink/id_repeats.py``):
+
+1. *spill*: Ray tasks, each over consecutive shards holding about :data:`SPILL_TASK_DOCS` documents,
+   read the documents' ids (``read_ids``: no kept fields; for Parquet the id and text columns only)
+   and spill ``(id, shard, position, row, line, integer)`` into hash partitions under
+   ``<output>/_ids/<key>/spill/``;
+2. *group*: one Ray task per partition finds the ids that more than one shard holds and writes the
+   losing documents (shard, position in it, where the id is kept) to ``losers/p<k>.parquet``;
+3. ``index.json`` then lists, per shard that loses some ids, the partitions holding them, and the
+   spill is deleted. A shard task reads its own losers (:meth:`IdIndex.duplicates`) and hands them
+   to ``read_shard``.
+
+Reading the ids is a second read of the corpus, so it is skipped when no two shards can share an id
+(a single shard; text files, whose id is their path; rows without ``id_field``, whose id is their
+place), and kept: ``<key>`` digests the plan (every shard id in order), so a resumed run over the
+same corpus finds ``index.json`` and reads nothing; a changed corpus builds a new index and the old
+one is removed. Only the run holding the output's lock writes here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+from teibatch.corpus import CorpusOptions, Shard
+from teibatch.corpus.documents import IdSeen
+from teibatch.corpus.rows import Place
+from teibatch.corpus.sharding import ids_can_repeat, read_ids
+from teibatch.sink import OutputStore
+from teibatch.sink.id_repeats import partition_count, read_partition, repeated, spill
+
+IDS_DIR = "_ids"
+INDEX_FILE = "index.json"
+INDEX_VERSION = 1
+SPILL_TASK_DOCS = 500_000
+"""Documents one spill task reads (whole shards, in plan order): its ids are held until it spills them."""
+
+_SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32()),
+                           ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
+
+
+@dataclass(frozen=True)
+class IdIndex:
+    """The run's cross-shard duplicate ids, as shard tasks consult it: ``losers`` maps the id of each
+    shard that holds some to its place in the plan and the partitions listing them."""
+
+    output: str
+    folder: str  # relative to the output
+    losers: dict[str, tuple[int, tuple[int, ...]]]
+    output_options: dict[str, Any] = field(default_factory=dict)
+
+    def holds(self, shard_id: str) -> bool:
+        """Whether some documents of the shard lose their id to an earlier shard."""
+        return shard_id in self.losers
+
+    def duplicates(self, shard_id: str) -> dict[int, IdSeen] | None:
+        """The shard's documents that lose their id, by position in the shard, with where it is kept."""
+        entry = self.losers.get(shard_id)
+        if entry is None:
+            return None
+        index, partitions = entry
+        store = OutputStore(self.output, self.output_options)
+        found: dict[int, IdSeen] = {}
+        for k in partitions:
+            with store.fs.open(store.path(f"{self.folder}/losers/p{k}.parquet"), "rb") as handle:
+                table = pq.read_table(handle)
+            for row in table.filter(pc.equal(table["shard"], index)).to_pylist():
+                found[row["position"]] = IdSeen(Place(row["kept_path"], row["kept_row"], row["kept_line"]),
+                                                row["kept_integer"])
+        return found
+
+
+def index_key(shards: Sequence[Shard]) -> str:
+    """The digest of a plan: its shard ids in order (each digests its files and the reading options)."""
+    blob = orjson.dumps([INDEX_VERSION, [shard.id for shard in shards]])
+    return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
+                   shards: Sequence[Shard], ray_ready: Callable[[], object] = lambda: None) -> IdIndex | None:
+    """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
+    ``None`` when no two shards can share an id. ``output_options``: the output's storage options
+    (the tasks open it too); ``ray_ready`` is called before the first Ray task (it waits for Ray)."""
+    indexed = [i for i, shard in enumerate(shards) if ids_can_repeat(options, shard)]
+    if len(indexed) < 2:
+        return None
+    key = index_key(shards)
+    folder = f"{IDS_DIR}/{key}"
+    saved = store.read_json(f"{folder}/{INDEX_FILE}")
+    if saved is None or saved.get("version") != INDEX_VERSION:
+        for name in store.list(IDS_DIR):  # indexes of earlier plans, and a half-built one
+            store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
+        ray_ready()
+        saved = _build(store, output_options, options, shards, indexed, folder)
+    losers = {shard: (int(index), tuple(parts)) for shard, (index, parts) in saved["losers"].items()}
+    return IdIndex(store.url, folder, losers, output_options)
+
+
+def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions, shards: Sequence[Shard],
+           indexed: list[int], folder: str) -> dict[str, Any]:
+    count = partition_count(sum(shards[i].size for i in indexed))
+    groups: list[list[int]] = [[]]
+    documents = 0
+    for index in indexed:
+        if groups[-1] and documents + shards[index].size > SPILL_TASK_DOCS:
+            groups.append([])
+            documents = 0
+        groups[-1].append(index)
+        documents += shards[index].size
+    spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
+    ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
+                               [(i, shards[i]) for i in group], count) for number, group in enumerate(groups)])
+    group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
+    paths = [shard.sources[0] if shard.sources else "" for shard in shards]
+    found = ray.get([group_task.remote(store.url, output_options, folder, k, paths) for k in range(count)])
+    losers: dict[str, tuple[int, list[int]]] = {}
+    for k, hit in enumerate(found):
+        for index in hit:
+            losers.setdefault(shards[index].id, (index, []))[1].append(k)
+    saved = {"version": INDEX_VERSION, "partitions": count, "losers": losers}
+    store.write_json(f"{folder}/{INDEX_FILE}", saved)
+    store.fs.rm(store.path(f"{folder}/spill"), recursive=True)
+    return orjson.loads(orjson.dumps(saved))
+
+
+def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
+               shards: list[tuple[int, Shard]], count: int) -> None:
+    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``."""
+    columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
+    for index, shard in shards:
+        for position, doc_id, place, integer in read_ids(options, shard):
+            for column, value in zip(_SPILL_SCHEMA.names, (doc_id, index, position, place.row, place.line, integer),
+                                     strict=True):
+                columns[column].append(value)
+    store = OutputStore(output, output_options)
+    spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
+
+
+def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int, paths: list[str]) -> list[int]:
+    """Ray task: partition ``k``'s ids held by more than one shard; every occurrence outside the first
+    shard loses to the first occurrence. Writes ``losers/p<k>.parquet``; returns the losing shards."""
+    store = OutputStore(output, output_options)
+    table = read_partition(store.fs, store.path(f"{folder}/spill"), k)
+    if table is None:
+        return []
+    losers: dict[str, list[Any]] = {name: [] for name in ("shard", "position", "kept_path", "kept_row",
+                                                          "kept_line", "kept_integer")}
+    first: dict[str, Any] | None = None
+    for row in repeated(table, ["shard", "position"]).to_pylist():
+        if first is None or row["id"] != first["id"]:
+            first = row  # the id's first occurrence in plan order: it keeps the id
+            continue
+        if row["shard"] == first["shard"]:
+            continue  # a repeat within the shard: read_shard rejects it itself
+        for column, value in zip(losers, (row["shard"], row["position"], paths[first["shard"]], first["row"],
+                                          first["line"], first["integer"]), strict=True):
+            losers[column].append(value)
+    if not losers["shard"]:
+        return []
+    table = pa.table(losers, schema=pa.schema([("shard", pa.int32()), ("position", pa.int32()),
+                                               ("kept_path", pa.string()), ("kept_row", pa.int64()),
+                                               ("kept_line", pa.int64()), ("kept_integer", pa.bool_())]))
+    store.write_atomic(f"{folder}/losers/p{k}.parquet", lambda handle: pq.write_table(table, handle))
+    return sorted(set(losers["shard"]))
