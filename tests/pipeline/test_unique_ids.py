@@ -17,6 +17,7 @@ from teibatch.cli import main
 from teibatch.errors import EXIT_REFUSED
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
+from teibatch.sink import id_repeats
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -41,8 +42,15 @@ def rejects(out: Path) -> list[tuple[str, str, str]]:
                       table.column("detail").to_pylist(), strict=True))
 
 
+@pytest.mark.parametrize("partition_rows", [
+    pytest.param(None, id="one-partition"),
+    pytest.param(7, id="many-partitions"),  # the ids of 230 rows spread over 33 partitions
+])
 def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
-        tmp_path: Path, job_file: Callable[..., Path]) -> None:
+        tmp_path: Path, job_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        partition_rows: int | None) -> None:
+    if partition_rows is not None:
+        monkeypatch.setattr(id_repeats, "PARTITION_ROWS", partition_rows)
     issue_corpus(tmp_path / "corpus")
     job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER))
     out = tmp_path / "out"
@@ -63,6 +71,8 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
     by_id = {row["id"]: row["content_hash"] for row in kept}
     report = orjson.loads((out / "runs" / f"{summary.run_id}.json").read_bytes())
     assert report["documents"]["rejected"] == 65
+    (index,) = (out / "_ids").iterdir()
+    assert sorted(p.name for p in index.iterdir()) == ["index.json", "losers"]  # the spill is gone
 
     # A rerun into a fresh output decides the same.
     shutil.rmtree(out)
@@ -81,8 +91,10 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
         for folder in ("vectors", "rejects"):
             (out / folder / f"part-{shard_id}.parquet").unlink()
     (out / "_manifest.json").write_bytes(orjson.dumps(manifest))
+    built = (index / "index.json").stat().st_mtime_ns
     resumed = run_job(job)
     assert resumed.shards_committed == 2
+    assert (index / "index.json").stat().st_mtime_ns == built  # the same plan: its index is read, not built
     ids = output_ids(out)
     assert len(ids) == len(set(ids)) == 165
     assert rejects(out) == first
@@ -107,3 +119,25 @@ def test_validate_finds_an_id_written_twice(tmp_path: Path, job_file: Callable[.
     assert caught.exit_code == EXIT_REFUSED, caught.output
     assert "'a0' in vectors/" in caught.output and f"{a_part.name}#0 and vectors/{b_part.name}#10" in caught.output
     assert "2 vectors part(s), every id once" in clean.output
+
+
+def test_a_new_earlier_file_takes_ids_from_committed_shards(tmp_path: Path, job_file: Callable[..., Path]) -> None:
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", [{"id": f"d{i}", "text": f"alpha {i}"} for i in range(20)])
+    write_jsonl(corpus / "b.jsonl", [{"id": f"e{i}", "text": f"beta {i}"} for i in range(20)])
+    job = load_job(job_file({"path": str(corpus), "id_field": "id", "shard_docs": 10}, ONE_SERVER,
+                            mode="incremental"))
+    run_job(job)
+    out = tmp_path / "out"
+    assert len(output_ids(out)) == 40 and not rejects(out)
+
+    # 0.jsonl comes first in plan order: it keeps d3 and e15, which committed shards of a and b held.
+    write_jsonl(corpus / "0.jsonl", [{"id": "d3", "text": "zero 3"}, {"id": "e15", "text": "zero 15"}])
+    summary = run_job(job)
+    assert summary.shards_committed == 3  # 0.jsonl's, and the two shards that lose an id to it
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 40
+    assert [(doc_id, detail) for doc_id, _, detail in rejects(out)] == [
+        ("d3", "a.jsonl#3 (line 4): id 'd3' (line 4) was already seen (0.jsonl#0 (line 1))"),
+        ("e15", "b.jsonl#15 (line 16): id 'e15' (line 16) was already seen (0.jsonl#1 (line 2))")]
+    assert run_job(job).shards_committed == 0  # decided: nothing to do

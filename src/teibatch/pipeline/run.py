@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import ray
@@ -53,7 +53,7 @@ from teibatch.pipeline.senders.sending import last_streams, streams_done
 from teibatch.pipeline.shard import ShardOutcome, as_shard_work, shard_task
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
-from teibatch.pipeline.unique_ids import IdIndex, build_id_index
+from teibatch.pipeline.unique_ids import IdIndex, build_id_index, needs_id_index, stored_id_index
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -127,23 +127,31 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
             shards = plan_shards(job.corpus_options())
             live = {s.id for s in shards}
-            pending = [s for s in shards if s.id not in manifest.shards]
             manifest.planned = [s.id for s in shards]
-            summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             summary.timings["plan_s"] = time.monotonic() - started
             crashpoint("plan")
             remove_uncommitted_temp(store)
-            if summary.shards_skipped:
-                reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
-                                 event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
-            interrupts.check()
-            if pending:
-                kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
-                # Ray starts in the background while the servers start; the senders wait for it.
-                with ray_session(ray_address, summary.timings) as ray_start:
-                    previous = _previous_parts(job, manifest, live)
+            with ExitStack() as ray_scope:
+                ray_start: RayStart | None = None
+                ids = stored_id_index(store, dict(job.output.storage_options), shards)
+                if ids is None and needs_id_index(job.corpus_options(), shards):
+                    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
                     ids = _id_index(job, store, shards, ray_start, summary)
-                    interrupts.check()
+                # A committed shard is done when the ids it lost to earlier shards are still the ones it lost.
+                pending = [s for s in shards if s.id not in manifest.shards
+                           or manifest.shards[s.id].duplicates != (ids.decision(s.id) if ids is not None else "")]
+                summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
+                if summary.shards_skipped:
+                    reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
+                                     event="resuming", shards_committed=summary.shards_skipped,
+                                     shards_total=len(shards))
+                interrupts.check()
+                if pending:
+                    kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
+                    # Ray starts in the background while the servers start; the senders wait for it.
+                    if ray_start is None:
+                        ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
+                    previous = _previous_parts(job, manifest, live)
                     _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
                                    ray_start, kept, ids)
             interrupts.check()
@@ -212,7 +220,8 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_start: 
     """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``),
     found before any server starts (nobody pays for a GPU while the corpus's ids are read)."""
     clock = time.monotonic()
-    ids = build_id_index(store, dict(job.output.storage_options), job.corpus_options(), shards, ray_start.wait)
+    ray_start.wait()
+    ids = build_id_index(store, dict(job.output.storage_options), job.corpus_options(), shards)
     summary.timings["id_index_s"] = time.monotonic() - clock
     return ids
 
@@ -463,7 +472,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
                     outcomes = [exc] * len(shards)
                 for shard, outcome in zip(shards, outcomes, strict=True):
-                    _finish(shard, outcome, manifest, store, summary, reporter)
+                    _finish(shard, outcome, manifest, store, summary, reporter,
+                            context.ids.decision(shard.id) if context.ids is not None else "")
             if summary.storage_full is not None:  # every other write would be refused the same way
                 summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
                 return
@@ -473,8 +483,9 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
 
 
 def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manifest, store: OutputStore,
-            summary: RunSummary, reporter: Reporter) -> None:
-    """Commit a finished shard, or count it as not done (and say why)."""
+            summary: RunSummary, reporter: Reporter, duplicates: str = "") -> None:
+    """Commit a finished shard, or count it as not done (and say why); ``duplicates``: which of its
+    documents lost their id to an earlier shard (``IdIndex.decision``), recorded with it."""
     if isinstance(outcome, BaseException):
         cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
         if isinstance(cause, FATAL_ERRORS):
@@ -497,7 +508,7 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         reporter.message(message, event="shard_not_committed", shard=shard.id, unfinished=outcome.unfinished)
         reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
-    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources)
+    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources, duplicates)
     try:
         manifest.save(store)
     except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed

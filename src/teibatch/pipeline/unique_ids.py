@@ -32,7 +32,7 @@ one is removed. Only the run holding the output's lock writes here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,23 +62,30 @@ _SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("positio
 @dataclass(frozen=True)
 class IdIndex:
     """The run's cross-shard duplicate ids, as shard tasks consult it: ``losers`` maps the id of each
-    shard that holds some to its place in the plan and the partitions listing them."""
+    shard that holds some to its place in the plan, the partitions listing them, and its decision."""
 
     output: str
     folder: str  # relative to the output
-    losers: dict[str, tuple[int, tuple[int, ...]]]
+    losers: dict[str, tuple[int, tuple[int, ...], str]]
     output_options: dict[str, Any] = field(default_factory=dict)
 
     def holds(self, shard_id: str) -> bool:
         """Whether some documents of the shard lose their id to an earlier shard."""
         return shard_id in self.losers
 
+    def decision(self, shard_id: str) -> str:
+        """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
+        records it with the committed shard: a shard committed under another decision (the corpus
+        gained, or lost, an earlier holder of one of its ids) is run again."""
+        entry = self.losers.get(shard_id)
+        return entry[2] if entry is not None else ""
+
     def duplicates(self, shard_id: str) -> dict[int, IdSeen] | None:
         """The shard's documents that lose their id, by position in the shard, with where it is kept."""
         entry = self.losers.get(shard_id)
         if entry is None:
             return None
-        index, partitions = entry
+        index, partitions, _ = entry
         store = OutputStore(self.output, self.output_options)
         found: dict[int, IdSeen] = {}
         for k in partitions:
@@ -96,28 +103,40 @@ def index_key(shards: Sequence[Shard]) -> str:
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 
-def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
-                   shards: Sequence[Shard], ray_ready: Callable[[], object] = lambda: None) -> IdIndex | None:
-    """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
-    ``None`` when no two shards can share an id. ``output_options``: the output's storage options
-    (the tasks open it too); ``ray_ready`` is called before the first Ray task (it waits for Ray)."""
-    indexed = [i for i, shard in enumerate(shards) if ids_can_repeat(options, shard)]
-    if len(indexed) < 2:
-        return None
-    key = index_key(shards)
-    folder = f"{IDS_DIR}/{key}"
+def needs_id_index(options: CorpusOptions, shards: Sequence[Shard]) -> bool:
+    """Whether two shards of the plan can hold one id (else there is no index to build)."""
+    return sum(1 for shard in shards if ids_can_repeat(options, shard)) > 1
+
+
+def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: Sequence[Shard]) -> IdIndex | None:
+    """The index of the plan ``shards`` when the output holds it whole (an earlier run built it), else ``None``."""
+    folder = f"{IDS_DIR}/{index_key(shards)}"
     saved = store.read_json(f"{folder}/{INDEX_FILE}")
     if saved is None or saved.get("version") != INDEX_VERSION:
-        for name in store.list(IDS_DIR):  # indexes of earlier plans, and a half-built one
-            store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
-        ray_ready()
-        saved = _build(store, output_options, options, shards, indexed, folder)
-    losers = {shard: (int(index), tuple(parts)) for shard, (index, parts) in saved["losers"].items()}
+        return None
+    losers = {shard: (int(index), tuple(parts), str(decision))
+              for shard, (index, parts, decision) in saved["losers"].items()}
     return IdIndex(store.url, folder, losers, output_options)
 
 
+def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
+                   shards: Sequence[Shard]) -> IdIndex | None:
+    """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
+    ``None`` when no two shards can share an id. ``output_options``: the output's storage options
+    (the tasks open it too). Ray must be up."""
+    if not needs_id_index(options, shards):
+        return None
+    if (stored := stored_id_index(store, output_options, shards)) is not None:
+        return stored
+    for name in store.list(IDS_DIR):  # indexes of earlier plans, and a half-built one
+        store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
+    indexed = [i for i, shard in enumerate(shards) if ids_can_repeat(options, shard)]
+    _build(store, output_options, options, shards, indexed, f"{IDS_DIR}/{index_key(shards)}")
+    return stored_id_index(store, output_options, shards)
+
+
 def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions, shards: Sequence[Shard],
-           indexed: list[int], folder: str) -> dict[str, Any]:
+           indexed: list[int], folder: str) -> None:
     count = partition_count(sum(shards[i].size for i in indexed))
     groups: list[list[int]] = [[]]
     documents = 0
@@ -133,14 +152,18 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
     group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
     paths = [shard.sources[0] if shard.sources else "" for shard in shards]
     found = ray.get([group_task.remote(store.url, output_options, folder, k, paths) for k in range(count)])
-    losers: dict[str, tuple[int, list[int]]] = {}
+    losers: dict[int, tuple[list[int], list[int]]] = {}  # shard → partitions, [losers, sum of their hashes]
     for k, hit in enumerate(found):
-        for index in hit:
-            losers.setdefault(shards[index].id, (index, []))[1].append(k)
-    saved = {"version": INDEX_VERSION, "partitions": count, "losers": losers}
-    store.write_json(f"{folder}/{INDEX_FILE}", saved)
+        for index, (number, hashes) in hit.items():
+            parts, tally = losers.setdefault(index, ([], [0, 0]))
+            parts.append(k)
+            tally[0] += number
+            tally[1] = (tally[1] + hashes) % 2**64
+    saved = {"version": INDEX_VERSION, "partitions": count,
+             "losers": {shards[index].id: [index, parts, f"{number}:{hashes:016x}"]
+                        for index, (parts, (number, hashes)) in sorted(losers.items())}}
+    store.write_json(f"{folder}/{INDEX_FILE}", saved)  # last: the index is whole once this exists
     store.fs.rm(store.path(f"{folder}/spill"), recursive=True)
-    return orjson.loads(orjson.dumps(saved))
 
 
 def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
@@ -156,13 +179,16 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
     spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
 
 
-def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int, paths: list[str]) -> list[int]:
+def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int,
+                 paths: list[str]) -> dict[int, tuple[int, int]]:
     """Ray task: partition ``k``'s ids held by more than one shard; every occurrence outside the first
-    shard loses to the first occurrence. Writes ``losers/p<k>.parquet``; returns the losing shards."""
+    shard loses to the first occurrence. Writes ``losers/p<k>.parquet``; returns, per losing shard,
+    how many of its documents lose and the sum of their positions' hashes (a digest that does not
+    depend on how the ids were partitioned)."""
     store = OutputStore(output, output_options)
     table = read_partition(store.fs, store.path(f"{folder}/spill"), k)
     if table is None:
-        return []
+        return {}
     losers: dict[str, list[Any]] = {name: [] for name in ("shard", "position", "kept_path", "kept_row",
                                                           "kept_line", "kept_integer")}
     first: dict[str, Any] | None = None
@@ -176,9 +202,17 @@ def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: in
                                           first["line"], first["integer"]), strict=True):
             losers[column].append(value)
     if not losers["shard"]:
-        return []
+        return {}
     table = pa.table(losers, schema=pa.schema([("shard", pa.int32()), ("position", pa.int32()),
                                                ("kept_path", pa.string()), ("kept_row", pa.int64()),
                                                ("kept_line", pa.int64()), ("kept_integer", pa.bool_())]))
     store.write_atomic(f"{folder}/losers/p{k}.parquet", lambda handle: pq.write_table(table, handle))
-    return sorted(set(losers["shard"]))
+    tally: dict[int, tuple[int, int]] = {}
+    for index, position in zip(losers["shard"], losers["position"], strict=True):
+        number, hashes = tally.get(index, (0, 0))
+        tally[index] = (number + 1, (hashes + _position_hash(position)) % 2**64)
+    return tally
+
+
+def _position_hash(position: int) -> int:
+    return int.from_bytes(hashlib.blake2b(position.to_bytes(8, "little"), digest_size=8).digest(), "little")

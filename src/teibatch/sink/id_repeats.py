@@ -138,7 +138,10 @@ def check_output_ids(store: OutputStore) -> int:
     if manifest is None:
         return 0
     present = set(store.list(VECTORS_DIR))
-    parts = [part_path(VECTORS_DIR, sid) for sid in sorted(manifest.shards) if part_name(sid) in present]
+    # In plan order, so that an id's first place is the one a run keeps.
+    order = [sid for sid in manifest.planned if sid in manifest.shards]
+    order += sorted(set(manifest.shards) - set(order))
+    parts = [part_path(VECTORS_DIR, sid) for sid in order if part_name(sid) in present]
     repeats, found = repeated_output_ids(store, parts)
     if repeats:
         shown = "; ".join(f"{r.id!r} in {r.first} and {r.again}" for r in found)

@@ -28,17 +28,21 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """A committed shard: how many vectors and rejects it wrote, and in which run."""
+    """A committed shard: how many vectors and rejects it wrote, and in which run; ``duplicates``: which
+    of its documents it rejected because an earlier shard holds their id (a digest, ``""`` for none;
+    ``pipeline/unique_ids.py``)."""
 
     rows: int
     rejects: int
     run_id: str
     committed_at: str
     sources: tuple[str, ...] = ()
+    duplicates: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": self.rows, "rejects": self.rejects, "run_id": self.run_id,
-                "committed_at": self.committed_at, "sources": list(self.sources)}
+                "committed_at": self.committed_at, "sources": list(self.sources),
+                **({"duplicates": self.duplicates} if self.duplicates else {})}
 
 
 @dataclass
@@ -81,9 +85,10 @@ class Manifest:
             raise SinkError(f"{store.url}/{MANIFEST} is damaged ({exc!r}); "
                             "restore it or start a new output path") from exc
 
-    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = ()) -> None:
+    def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = (),
+               duplicates: str = "") -> None:
         self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now(),
-                                           sources=sources)
+                                           sources=sources, duplicates=duplicates)
 
     def parts_reading(self, sources: tuple[str, ...]) -> list[str]:
         """Vectors parts of committed shards that read any of ``sources``: where their documents were."""
