@@ -17,7 +17,6 @@ from teibatch.cli import main
 from teibatch.errors import EXIT_REFUSED
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.sink import id_repeats
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -50,7 +49,7 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
         tmp_path: Path, job_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
         partition_rows: int | None) -> None:
     if partition_rows is not None:
-        monkeypatch.setattr(id_repeats, "PARTITION_ROWS", partition_rows)
+        monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
     issue_corpus(tmp_path / "corpus")
     job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER))
     out = tmp_path / "out"
