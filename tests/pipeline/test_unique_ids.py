@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+import ray
 from click.testing import CliRunner
 
 from teibatch.cli import main
@@ -18,6 +19,7 @@ from teibatch.errors import EXIT_REFUSED
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from tests.conftest import write_jsonl
+from tests.pipeline.test_crash_resume import crash_and_resume
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -140,3 +142,19 @@ def test_a_new_earlier_file_takes_ids_from_committed_shards(tmp_path: Path, job_
         ("d3", "a.jsonl#3 (line 4): id 'd3' (line 4) was already seen (0.jsonl#0 (line 1))"),
         ("e15", "b.jsonl#15 (line 16): id 'e15' (line 16) was already seen (0.jsonl#1 (line 2))")]
     assert run_job(job).shards_committed == 0  # decided: nothing to do
+
+
+def test_a_run_killed_between_shards_resumes_with_every_id_once(tmp_path: Path,
+                                                                job_file: Callable[..., Path]) -> None:
+    issue_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    job = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER,
+                   limits={"max_shards_in_flight": 1})
+    address = ray.get_runtime_context().gcs_address
+    # The driver is killed after two of the five shards are committed (those of a.jsonl, which keep d95–d99).
+    crash_and_resume(job, address, "commit:2", True, tmp_path)
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 165
+    found = rejects(out)
+    assert len(found) == 65 and {reason for _, reason, _ in found} == {"duplicate_id"}
+    assert {doc_id for doc_id, _, _ in found} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
