@@ -122,7 +122,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
     try:
         # From here on a run is under way: whatever happens, even a Ctrl-C while planning, it ends
         # with a report and with the manifest as it stands.
-        with catch_interrupts() as interrupts:
+        with catch_interrupts() as interrupts, ExitStack() as ray_scope:
             if job.limits.max_cost is not None:
                 check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
             shards = plan_shards(job.corpus_options())
@@ -131,29 +131,21 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             summary.timings["plan_s"] = time.monotonic() - started
             crashpoint("plan")
             remove_uncommitted_temp(store)
-            with ExitStack() as ray_scope:
-                ray_start: RayStart | None = None
-                ids = stored_id_index(store, dict(job.output.storage_options), shards)
-                if ids is None and needs_id_index(job.corpus_options(), shards):
+            ids, ray_start = _id_index(job, store, shards, ray_address, ray_scope, summary)
+            pending = [s for s in shards if not _done(s, manifest, ids)]
+            summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
+            if summary.shards_skipped:
+                reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
+                                 event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
+            interrupts.check()
+            if pending:
+                kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
+                # Ray starts in the background while the servers start; the senders wait for it.
+                if ray_start is None:
                     ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
-                    ids = _id_index(job, store, shards, ray_start, summary)
-                # A committed shard is done when the ids it lost to earlier shards are still the ones it lost.
-                pending = [s for s in shards if s.id not in manifest.shards
-                           or manifest.shards[s.id].duplicates != (ids.decision(s.id) if ids is not None else "")]
-                summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
-                if summary.shards_skipped:
-                    reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
-                                     event="resuming", shards_committed=summary.shards_skipped,
-                                     shards_total=len(shards))
-                interrupts.check()
-                if pending:
-                    kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
-                    # Ray starts in the background while the servers start; the senders wait for it.
-                    if ray_start is None:
-                        ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
-                    previous = _previous_parts(job, manifest, live)
-                    _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                                   ray_start, kept, ids)
+                previous = _previous_parts(job, manifest, live)
+                _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
+                               ray_start, kept, ids)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -215,15 +207,28 @@ def _refuse_all_rejected(summary: RunSummary) -> None:
                          "no vectors accepts other reading options")
 
 
-def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_start: RayStart,
-              summary: RunSummary) -> IdIndex | None:
-    """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``),
-    found before any server starts (nobody pays for a GPU while the corpus's ids are read)."""
+def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_address: str | None, ray_scope: ExitStack,
+              summary: RunSummary) -> tuple[IdIndex | None, RayStart | None]:
+    """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``):
+    the index an earlier run built for this plan, else one built now, before any server starts
+    (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``."""
+    output_options = dict(job.output.storage_options)
+    if (ids := stored_id_index(store, output_options, shards)) is not None \
+            or not needs_id_index(job.corpus_options(), shards):
+        return ids, None
     clock = time.monotonic()
+    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
     ray_start.wait()
-    ids = build_id_index(store, dict(job.output.storage_options), job.corpus_options(), shards)
+    ids = build_id_index(store, output_options, job.corpus_options(), shards)
     summary.timings["id_index_s"] = time.monotonic() - clock
-    return ids
+    return ids, ray_start
+
+
+def _done(shard: Shard, manifest: Manifest, ids: IdIndex | None) -> bool:
+    """Whether ``shard`` is committed, and lost to earlier shards the ids it loses now (a new earlier
+    file holding one of its ids, or one removed, makes it run again)."""
+    entry = manifest.shards.get(shard.id)
+    return entry is not None and entry.duplicates == (ids.decision(shard.id) if ids is not None else "")
 
 
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:

@@ -46,6 +46,7 @@ from teibatch.corpus import CorpusOptions, Shard
 from teibatch.corpus.documents import IdSeen
 from teibatch.corpus.rows import Place
 from teibatch.corpus.sharding import ids_can_repeat, read_ids
+from teibatch.errors import CorpusError
 from teibatch.sink import OutputStore
 from teibatch.sink.id_repeats import partition_count, read_partition, repeated, spill
 
@@ -168,12 +169,20 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
 
 def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
                shards: list[tuple[int, Shard]], count: int) -> None:
-    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``."""
+    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``.
+
+    A shard that cannot be read holds no id: its own task meets the same error and reports it (the
+    shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
+    """
     columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
     for index, shard in shards:
-        for position, doc_id, place, integer in read_ids(options, shard):
-            for column, value in zip(_SPILL_SCHEMA.names, (doc_id, index, position, place.row, place.line, integer),
-                                     strict=True):
+        try:
+            rows = [(doc_id, index, position, place.row, place.line, integer)
+                    for position, doc_id, place, integer in read_ids(options, shard)]
+        except CorpusError:
+            continue
+        for row in rows:
+            for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
                 columns[column].append(value)
     store = OutputStore(output, output_options)
     spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
