@@ -22,11 +22,16 @@ anywhere, ``sink/id_repeats.py``):
    spill is deleted. A shard task reads its own losers (:meth:`IdIndex.duplicates`) and hands them
    to ``read_shard``.
 
+Each committed shard records its decision (:meth:`IdIndex.decision`, in the manifest): a shard
+committed under another one — a new file that sorts before it holds one of its ids, or the file that
+held an id first is gone — runs again, so the output stays what a fresh run over the corpus writes.
+
 Reading the ids is a second read of the corpus, so it is skipped when no two shards can share an id
 (a single shard; text files, whose id is their path; rows without ``id_field``, whose id is their
 place), and kept: ``<key>`` digests the plan (every shard id in order), so a resumed run over the
 same corpus finds ``index.json`` and reads nothing; a changed corpus builds a new index and the old
-one is removed. Only the run holding the output's lock writes here.
+one is removed. Only the run holding the output's lock writes here. (In a corpus mixing text files
+and row files, a row whose id equals a text file's path is not compared with it.)
 """
 
 from __future__ import annotations
