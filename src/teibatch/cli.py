@@ -133,6 +133,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 
     The corpus is opened: the path must match files, and the first records must parse and hold
     the text, id and kept fields the job names (exit 2 otherwise, naming the file and field).
+    When the output already holds committed vectors, their ids are checked: an id in more than
+    one row exits 3, naming the id and both places (only the id column is read).
 
     \b
     Example:
@@ -144,6 +146,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     from teibatch.corpus.overlap import exclusion_note
     from teibatch.fleet.from_job import check_builtin_model
     from teibatch.job import load_job
+    from teibatch.sink import OutputStore, check_output_ids
 
     job = load_job(job_file, list(overrides))
     check_builtin_model(job.servers, job.model.id)
@@ -155,6 +158,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"corpus: {probe.summary()}", err=True)
     if probe.left_out.total:  # also in the summary line; this one is for a person scanning for it
         click.echo(f"corpus: {probe.left_out.describe()}", err=True)
+    if parts := check_output_ids(OutputStore(job.output.path, job.output.storage_options)):
+        click.echo(f"output: {parts} vectors part(s), every id once", err=True)
     click.secho(f"{job_file}: valid", fg="green", err=True)
 
 

@@ -24,6 +24,7 @@ The hierarchy::
     │   ├── DimensionMismatch   the servers give vectors of another dimension than the output's (exit 2)
     │   ├── OutputLocked        another run is writing this output; this one did nothing (exit code 4)
     │   ├── LockLost            another run took the output's lock over mid-run (exit code 4)
+    │   ├── RepeatedIds         the output's vectors hold an id more than once (exit code 3)
     │   └── StorageFull         the output's storage (or TMPDIR) is full: make room, then resume (exit 1)
     ├── RunIncomplete           some shards were not committed (exit code 1, resumable)
     ├── RejectsFound            --fail-on-rejects and some documents were rejected (exit code 1)
@@ -279,6 +280,18 @@ class LockLost(SinkError):
     """
 
     exit_code = EXIT_LOCKED
+
+
+class RepeatedIds(SinkError):
+    """``teibatch validate`` found an id in more than one row of the output's committed vectors parts.
+
+    A run writes each id once (a later record with an id already held is a ``duplicate_id`` reject);
+    parts written by hand, or by a teibatch older than that rule, may not. The message names the ids
+    and the parts and rows holding them: remove the extra rows, or run the job again into a new
+    ``output.path``.
+    """
+
+    exit_code = EXIT_REFUSED
 
 
 class StorageFull(SinkError):

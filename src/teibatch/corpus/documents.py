@@ -155,16 +155,18 @@ class IdSeen:
 
 
 def repeated_id(doc_id: str, first: IdSeen, again: IdSeen) -> str:
-    """Why a record whose id was seen before is a duplicate: both records' places and, when only the
-    rule that writes integers as decimal strings made the ids equal, both types."""
+    """Why a record whose id was seen before is a duplicate: both records' places (the first one's
+    file too when it is another file) and, when only the rule that writes integers as decimal
+    strings made the ids equal, both types."""
+    where = first.place.short if first.place.path == again.place.path else str(first.place)
     if first.integer != again.integer:
         def typed(seen: IdSeen) -> str:
             return f"integer {doc_id}" if seen.integer else f'string "{doc_id}"'
 
         kind = "integer" if again.integer else "string"
-        return (f'id "{doc_id}" ({kind}, {again.place.short}) collides with {typed(first)} ({first.place.short}): '
+        return (f'id "{doc_id}" ({kind}, {again.place.short}) collides with {typed(first)} ({where}): '
                 "integer ids are written as decimal strings")
-    return f"id {doc_id!r} ({again.place.short}) was already seen ({first.place.short})"
+    return f"id {doc_id!r} ({again.place.short}) was already seen ({where})"
 
 
 def _writable(doc_id: str) -> bool:

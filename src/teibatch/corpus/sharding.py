@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import orjson
 
@@ -84,7 +84,8 @@ def plan_shards(options: CorpusOptions, listing: Listing | None = None) -> list[
 
 
 def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
-               kept: KeptFields | None = None) -> Iterator[Document | Reject]:
+               kept: KeptFields | None = None,
+               duplicates: Mapping[int, IdSeen] | None = None) -> Iterator[Document | Reject]:
     """Stream the shard's documents and rejects in source order, exactly ``shard.size`` of them.
 
     With ``verify`` (the default) each source's fingerprint is read again first and the shard id
@@ -92,6 +93,10 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
     that no longer matches the id. A second document with an id already seen in this shard is
     rejected as a duplicate; its detail names both records and, when one held the id as an integer
     and the other as a string, both types.
+
+    ``duplicates``: the shard's documents whose id an earlier shard holds, by position in the shard
+    (0 is its first row), each with where that id is kept (``pipeline/unique_ids.py``); each is
+    rejected as a duplicate naming both places.
 
     ``kept``: the output's kept-field types (``kept.py``); a value that does not fit raises
     ``CorpusMismatch``, stopping this shard. Without it, values are as ``stringify`` has them.
@@ -112,16 +117,39 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
     for place, item, integer in _items(options, root, shard, rules):
         count += 1
         if isinstance(item, Document):
-            here = (place.row, place.line, integer)
-            first = seen.setdefault(item.id, here)
-            if first is not here:
-                before = IdSeen(Place(place.path, first[0], first[1]), first[2])
+            before = duplicates.get(count - 1) if duplicates is not None else None  # kept by an earlier shard
+            if before is None:
+                here = (place.row, place.line, integer)
+                first = seen.setdefault(item.id, here)
+                before = None if first is here else IdSeen(Place(place.path, first[0], first[1]), first[2])
+            if before is not None:
                 detail = repeated_id(item.id, before, IdSeen(place, integer))
                 item = Reject(item.id, REJECT_DUPLICATE_ID, f"{place}: {detail}")
         yield item
     if count != shard.size:
         raise CorpusError(f"{', '.join(shard.sources)}: shard {shard.id} should hold {shard.size} rows "
                           f"but {count} were read; the corpus changed since planning, plan again")
+
+
+def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, Place, bool]]:
+    """The documents of ``shard`` as ``(position in the shard, id, place, integer id?)``, in order.
+
+    A row that :func:`read_shard` would reject for what it holds (no id, no text) is left out: only
+    documents hold ids. Kept fields are not read, and the shard is not verified (its id digests its
+    sources' fingerprints, and :func:`read_shard` checks them before anything is written).
+    """
+    rules = dataclasses.replace(DocumentRules.for_format(options, shard.format), keep_fields=(), title_field=None)
+    root = resolve_root(options)
+    for position, (place, item, integer) in enumerate(_items(options, root, shard, rules)):
+        if isinstance(item, Document):
+            yield position, item.id, place, integer
+
+
+def ids_can_repeat(options: CorpusOptions, shard: Shard) -> bool:
+    """Whether ``shard``'s ids come from an id field (and so may repeat another shard's): not for a
+    text file, whose id is its path, nor for a row whose id is its place (no ``id_field``)."""
+    return shard.bad_file is None and shard.format != "text" \
+        and DocumentRules.for_format(options, shard.format).id_field is not None
 
 
 def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, stop: int, fmt: str,

@@ -10,6 +10,7 @@ from teibatch.corpus.records import CorpusOptions
 from teibatch.pipeline.chunks import ChunkPlan
 from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.moved_texts import MovedTexts
+from teibatch.pipeline.unique_ids import IdIndex
 from teibatch.sink.parts import VectorSchema, WriteOptions
 
 
@@ -35,3 +36,5 @@ class ShardContext:
     landed: Any = None
     """The run's :class:`~teibatch.pipeline.landed.LandedDocuments` actor: what landed inside shards
     still running, for the progress display; ``None``: nothing is told before a shard ends."""
+    ids: IdIndex | None = None
+    """Documents whose id an earlier shard of the plan holds: rejected as duplicates (``pipeline/unique_ids.py``)."""

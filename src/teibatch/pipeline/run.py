@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import ray
@@ -55,6 +55,7 @@ from teibatch.pipeline.senders.sending import last_streams, streams_done
 from teibatch.pipeline.shard import ShardOutcome, as_shard_work, shard_task
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
+from teibatch.pipeline.unique_ids import IdIndex, build_id_index, needs_id_index, stored_id_index
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -132,7 +133,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
     try:
         # From here on a run is under way: whatever happens, even a Ctrl-C while planning, it ends
         # with a report and with the manifest as it stands.
-        with catch_interrupts() as interrupts:
+        with catch_interrupts() as interrupts, ExitStack() as ray_scope:
             if job.limits.max_cost is not None:
                 check_cost_limit(job, estimate_run(job))  # over the limit: refused before anything is rented
             shards = plan_shards(job.corpus_options())
@@ -143,9 +144,10 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             remove_uncommitted_temp(store, manifest)
             replacements.finish(store)  # what a killed run left half-replaced, first (sink/replace.py)
             _drop_missing_parts(store, manifest, live, summary, reporter)
-            pending = [s for s in shards if s.id not in manifest.shards]
-            summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             summary.timings["plan_s"] = time.monotonic() - started
+            ids, ray_start = _id_index(job, store, shards, ray_address, ray_scope, summary)
+            pending = [s for s in shards if not _done(s, manifest, ids)]
+            summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             if summary.shards_skipped:
                 reporter.message(f"resuming: {summary.shards_skipped} of {len(shards)} shards already committed",
                                  event="resuming", shards_committed=summary.shards_skipped, shards_total=len(shards))
@@ -153,10 +155,11 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             if pending:
                 kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
                 # Ray starts in the background while the servers start; the senders wait for it.
-                with ray_session(ray_address, summary.timings) as ray_start:
-                    previous = _previous_parts(job, manifest, live)
-                    _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                                   ray_start, kept, replacements)
+                if ray_start is None:
+                    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
+                previous = _previous_parts(job, manifest, live)
+                _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
+                               ray_start, kept, replacements, ids)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -235,6 +238,30 @@ def _drop_missing_parts(store: OutputStore, manifest: Manifest, live: set[str], 
                      event="parts_missing", parts=summary.parts_missing)
 
 
+def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_address: str | None, ray_scope: ExitStack,
+              summary: RunSummary) -> tuple[IdIndex | None, RayStart | None]:
+    """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``):
+    the index an earlier run built for this plan, else one built now, before any server starts
+    (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``."""
+    output_options = dict(job.output.storage_options)
+    if (ids := stored_id_index(store, output_options, shards)) is not None \
+            or not needs_id_index(job.corpus_options(), shards):
+        return ids, None
+    clock = time.monotonic()
+    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
+    ray_start.wait()
+    ids = build_id_index(store, output_options, job.corpus_options(), shards)
+    summary.timings["id_index_s"] = time.monotonic() - clock
+    return ids, ray_start
+
+
+def _done(shard: Shard, manifest: Manifest, ids: IdIndex | None) -> bool:
+    """Whether ``shard`` is committed, and lost to earlier shards the ids it loses now (a new earlier
+    file holding one of its ids, or one removed, makes it run again)."""
+    entry = manifest.shards.get(shard.id)
+    return entry is not None and entry.duplicates == (ids.decision(shard.id) if ids is not None else "")
+
+
 def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
     """Incremental mode: where an earlier run wrote the documents of a shard that changed."""
     stale = Manifest(manifest.fingerprint, manifest.job_name,
@@ -249,7 +276,7 @@ def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callabl
 def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                    previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
                    summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
-                   kept: KeptFields | None, replacements: Replacements) -> None:
+                   kept: KeptFields | None, replacements: Replacements, ids: IdIndex | None) -> None:
     """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
     options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
                            truncation_direction=job.model.truncation_direction,
@@ -270,8 +297,9 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             reinstall(interrupts)
             interrupts.check()
             # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
+            # Nor does a first shard some of whose documents are duplicates: the driver reads without the index.
             first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
-                else pending[0]
+                or (ids is not None and ids.holds(pending[0].id)) else pending[0]
             opening = Opening(job, options, endpoints, len(pending), first)
             context: ShardContext | None = None
             try:
@@ -282,7 +310,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
                 context = _shard_context(job, fleet, counter, kept, manifest, store, pending, senders, summary,
-                                         reporter)
+                                         reporter, ids)
                 if head is not None and context.dedup is not None:  # the first shard sends them
                     context.dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
                                                               for text in opening.sent_texts()))
@@ -307,7 +335,7 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
 
 def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
                    manifest: Manifest, store: OutputStore, pending: list[Shard], senders: Sequence[SenderRef],
-                   summary: RunSummary, reporter: Reporter) -> ShardContext:
+                   summary: RunSummary, reporter: Reporter, ids: IdIndex | None) -> ShardContext:
     """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
     metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
     chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
@@ -345,7 +373,7 @@ def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, ke
     return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                         write=WriteOptions(job.output.compression, job.output.row_group_size),
                         output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, dedup=dedup, moved=moved, landed=start_landed())
+                        chunking=chunking, dedup=dedup, moved=moved, landed=start_landed(), ids=ids)
 
 
 def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,
@@ -495,7 +523,8 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
                     outcomes = [exc] * len(shards)
                 for shard, outcome in zip(shards, outcomes, strict=True):
-                    _finish(shard, outcome, manifest, store, summary, reporter, replacements)
+                    _finish(shard, outcome, manifest, store, summary, reporter, replacements,
+                            context.ids.decision(shard.id) if context.ids is not None else "")
             if summary.storage_full is not None:  # every other write would be refused the same way
                 summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
                 return
@@ -505,9 +534,12 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
 
 
 def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manifest, store: OutputStore,
-            summary: RunSummary, reporter: Reporter, replacements: Replacements) -> None:
+            summary: RunSummary, reporter: Reporter, replacements: Replacements,
+            duplicates: str = "") -> None:
     """Commit a finished shard, or count it as not done (and say why); then, once its group is all
-    committed, the parts it replaces go and its own take their place (``sink/replace.py``)."""
+    committed, the parts it replaces go and its own take their place (``sink/replace.py``);
+    ``duplicates``: which of its documents lost their id to an earlier shard (``IdIndex.decision``),
+    recorded with it."""
     if isinstance(outcome, BaseException):
         cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
         if isinstance(cause, FATAL_ERRORS):
@@ -531,7 +563,7 @@ def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manif
         reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
         return
     manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources,
-                    bytes=outcome.part_bytes, staged=outcome.staged)
+                    bytes=outcome.part_bytes, staged=outcome.staged, duplicates=duplicates)
     try:
         manifest.save(store)
     except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed

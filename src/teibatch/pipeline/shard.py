@@ -210,7 +210,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     units = Units(context.chunking, context.hash_options)
 
     def read_documents() -> Iterator[Document]:
-        for item in read_shard(context.corpus, shard, kept=context.kept):
+        duplicates = context.ids.duplicates(shard.id) if context.ids is not None else None
+        for item in read_shard(context.corpus, shard, kept=context.kept, duplicates=duplicates):
             if isinstance(item, Document):
                 yield item
             else:

@@ -1,5 +1,6 @@
 """The output: Parquet parts written all or nothing, the manifest, and run reports."""
 
+from teibatch.sink.id_repeats import check_output_ids
 from teibatch.sink.lock import LOCK, LockHolder, OutputLock
 from teibatch.sink.manifest import MANIFEST, Manifest, ShardEntry, remove_stale, remove_uncommitted_temp
 from teibatch.sink.parts import (
@@ -41,6 +42,7 @@ __all__ = [
     "VectorSchema",
     "VectorsPart",
     "WriteOptions",
+    "check_output_ids",
     "check_parts",
     "choose_run",
     "documents_table",

@@ -32,6 +32,8 @@ class ShardEntry:
 
     ``bytes``: the size of its vectors part, by which a later run and ``status`` find a part gone or cut
     (``None`` in a manifest written before it was recorded: then only the part's presence is checked).
+    ``duplicates``: which of its documents it rejected because an earlier shard holds their id (a digest,
+    ``""`` for none; ``pipeline/unique_ids.py``).
     ``staged``: its vectors part (and documents part) still lie under their hidden staged names, waiting
     for the parts they replace to go (``sink/replace.py``).
     """
@@ -43,12 +45,14 @@ class ShardEntry:
     sources: tuple[str, ...] = ()
     bytes: int | None = None
     staged: bool = False
+    duplicates: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": self.rows, "rejects": self.rejects, "run_id": self.run_id,
                 "committed_at": self.committed_at, "sources": list(self.sources),
                 **({"bytes": self.bytes} if self.bytes is not None else {}),
-                **({"staged": True} if self.staged else {})}
+                **({"staged": True} if self.staged else {}),
+                **({"duplicates": self.duplicates} if self.duplicates else {})}
 
     def vectors_part(self, shard_id: str) -> str:
         """Where this shard's vectors part lies now, relative to the output."""
@@ -96,9 +100,10 @@ class Manifest:
                             "restore it or start a new output path") from exc
 
     def commit(self, shard_id: str, rows: int, rejects: int, run_id: str, sources: tuple[str, ...] = (), *,
-               bytes: int | None = None, staged: bool = False) -> None:
+               bytes: int | None = None, staged: bool = False, duplicates: str = "") -> None:
         self.shards[shard_id] = ShardEntry(rows=rows, rejects=rejects, run_id=run_id, committed_at=utc_now(),
-                                           sources=sources, bytes=bytes, staged=staged)
+                                           sources=sources, bytes=bytes, staged=staged,
+                                           duplicates=duplicates)
 
     def parts_reading(self, sources: tuple[str, ...]) -> list[str]:
         """Vectors parts of committed shards that read any of ``sources``: where their documents were."""

@@ -1,0 +1,232 @@
+"""Every id at most once in an output, whatever the sharding: the run's id index.
+
+Within a shard, ``read_shard`` rejects a second document with an id it has already seen. Across
+shards and files the rule is the same, decided over the whole plan: the first occurrence in plan
+order (the sorted file list, then the row) keeps the id, and every later one in another shard is a
+``duplicate_id`` reject whose detail names both places (``b.jsonl#0 (line 1): id 'd95' (line 1) was
+already seen (a.jsonl#95 (line 96))``). The decision depends only on the plan — the shard ids, which
+digest the files' fingerprints and the reading options — never on which shards are committed: a
+fresh run, a resumed one (after a kill, with some shards committed) and a rerun over the same corpus
+decide alike, and a pending shard never writes an id that a committed shard holds.
+
+The index is built after planning and before any server starts, in bounded memory (no set of ids
+anywhere, ``sink/id_repeats.py``):
+
+1. *spill*: Ray tasks, each over consecutive shards holding about :data:`SPILL_TASK_DOCS` documents,
+   read the documents' ids (``read_ids``: no kept fields; for Parquet the id and text columns only)
+   and spill ``(id, shard, position, row, line, integer)`` into hash partitions under
+   ``<output>/_ids/<key>/spill/``;
+2. *group*: one Ray task per partition finds the ids that more than one shard holds and writes the
+   losing documents (shard, position in it, where the id is kept) to ``losers/p<k>.parquet``;
+3. ``index.json`` then lists, per shard that loses some ids, the partitions holding them, and the
+   spill is deleted. A shard task reads its own losers (:meth:`IdIndex.duplicates`) and hands them
+   to ``read_shard``.
+
+Each committed shard records its decision (:meth:`IdIndex.decision`, in the manifest): a shard
+committed under another one — a new file that sorts before it holds one of its ids, or the file that
+held an id first is gone — runs again, so the output stays what a fresh run over the corpus writes.
+
+Reading the ids is a second read of the corpus, so it is skipped when no two shards can share an id
+(a single shard; text files, whose id is their path; rows without ``id_field``, whose id is their
+place), and kept: ``<key>`` digests the plan (every shard id in order), so a resumed run over the
+same corpus finds ``index.json`` and reads nothing; a changed corpus builds a new index and the old
+one is removed. Only the run holding the output's lock writes here. (In a corpus mixing text files
+and row files, a row whose id equals a text file's path is not compared with it.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+from teibatch.corpus import CorpusOptions, Shard
+from teibatch.corpus.documents import IdSeen
+from teibatch.corpus.rows import Place
+from teibatch.corpus.sharding import ids_can_repeat, read_ids
+from teibatch.errors import CorpusError
+from teibatch.sink import OutputStore
+from teibatch.sink.id_repeats import partition_count, read_partition, repeated, spill
+
+IDS_DIR = "_ids"
+INDEX_FILE = "index.json"
+INDEX_VERSION = 1
+SPILL_TASK_DOCS = 500_000
+"""Documents one spill task reads (whole shards, in plan order): its ids are held until it spills them."""
+
+_SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32()),
+                           ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
+
+
+@dataclass(frozen=True)
+class IdIndex:
+    """The run's cross-shard duplicate ids, as shard tasks consult it: ``losers`` maps the id of each
+    shard that holds some to its place in the plan, the partitions listing them, and its decision."""
+
+    output: str
+    folder: str  # relative to the output
+    losers: dict[str, tuple[int, tuple[int, ...], str]]
+    output_options: dict[str, Any] = field(default_factory=dict)
+
+    def holds(self, shard_id: str) -> bool:
+        """Whether some documents of the shard lose their id to an earlier shard."""
+        return shard_id in self.losers
+
+    def decision(self, shard_id: str) -> str:
+        """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
+        records it with the committed shard: a shard committed under another decision (the corpus
+        gained, or lost, an earlier holder of one of its ids) is run again."""
+        entry = self.losers.get(shard_id)
+        return entry[2] if entry is not None else ""
+
+    def duplicates(self, shard_id: str) -> dict[int, IdSeen] | None:
+        """The shard's documents that lose their id, by position in the shard, with where it is kept."""
+        entry = self.losers.get(shard_id)
+        if entry is None:
+            return None
+        index, partitions, _ = entry
+        store = OutputStore(self.output, self.output_options)
+        found: dict[int, IdSeen] = {}
+        for k in partitions:
+            with store.fs.open(store.path(f"{self.folder}/losers/p{k}.parquet"), "rb") as handle:
+                table = pq.read_table(handle)
+            for row in table.filter(pc.equal(table["shard"], index)).to_pylist():
+                found[row["position"]] = IdSeen(Place(row["kept_path"], row["kept_row"], row["kept_line"]),
+                                                row["kept_integer"])
+        return found
+
+
+def index_key(shards: Sequence[Shard]) -> str:
+    """The digest of a plan: its shard ids in order (each digests its files and the reading options)."""
+    blob = orjson.dumps([INDEX_VERSION, [shard.id for shard in shards]])
+    return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def needs_id_index(options: CorpusOptions, shards: Sequence[Shard]) -> bool:
+    """Whether two shards of the plan can hold one id (else there is no index to build)."""
+    return sum(1 for shard in shards if ids_can_repeat(options, shard)) > 1
+
+
+def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: Sequence[Shard]) -> IdIndex | None:
+    """The index of the plan ``shards`` when the output holds it whole (an earlier run built it), else ``None``."""
+    folder = f"{IDS_DIR}/{index_key(shards)}"
+    saved = store.read_json(f"{folder}/{INDEX_FILE}")
+    if saved is None or saved.get("version") != INDEX_VERSION:
+        return None
+    losers = {shard: (int(index), tuple(parts), str(decision))
+              for shard, (index, parts, decision) in saved["losers"].items()}
+    return IdIndex(store.url, folder, losers, output_options)
+
+
+def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
+                   shards: Sequence[Shard]) -> IdIndex | None:
+    """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
+    ``None`` when no two shards can share an id. ``output_options``: the output's storage options
+    (the tasks open it too). Ray must be up."""
+    if not needs_id_index(options, shards):
+        return None
+    if (stored := stored_id_index(store, output_options, shards)) is not None:
+        return stored
+    for name in store.list(IDS_DIR):  # indexes of earlier plans, and a half-built one
+        store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
+    indexed = [i for i, shard in enumerate(shards) if ids_can_repeat(options, shard)]
+    _build(store, output_options, options, shards, indexed, f"{IDS_DIR}/{index_key(shards)}")
+    return stored_id_index(store, output_options, shards)
+
+
+def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions, shards: Sequence[Shard],
+           indexed: list[int], folder: str) -> None:
+    count = partition_count(sum(shards[i].size for i in indexed))
+    groups: list[list[int]] = [[]]
+    documents = 0
+    for index in indexed:
+        if groups[-1] and documents + shards[index].size > SPILL_TASK_DOCS:
+            groups.append([])
+            documents = 0
+        groups[-1].append(index)
+        documents += shards[index].size
+    spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
+    ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
+                               [(i, shards[i]) for i in group], count) for number, group in enumerate(groups)])
+    group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
+    paths = [shard.sources[0] if shard.sources else "" for shard in shards]
+    found = ray.get([group_task.remote(store.url, output_options, folder, k, paths) for k in range(count)])
+    losers: dict[int, tuple[list[int], list[int]]] = {}  # shard → partitions, [losers, sum of their hashes]
+    for k, hit in enumerate(found):
+        for index, (number, hashes) in hit.items():
+            parts, tally = losers.setdefault(index, ([], [0, 0]))
+            parts.append(k)
+            tally[0] += number
+            tally[1] = (tally[1] + hashes) % 2**64
+    saved = {"version": INDEX_VERSION, "partitions": count,
+             "losers": {shards[index].id: [index, parts, f"{number}:{hashes:016x}"]
+                        for index, (parts, (number, hashes)) in sorted(losers.items())}}
+    store.write_json(f"{folder}/{INDEX_FILE}", saved)  # last: the index is whole once this exists
+    store.fs.rm(store.path(f"{folder}/spill"), recursive=True)
+
+
+def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
+               shards: list[tuple[int, Shard]], count: int) -> None:
+    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``.
+
+    A shard that cannot be read holds no id: its own task meets the same error and reports it (the
+    shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
+    """
+    columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
+    for index, shard in shards:
+        try:
+            rows = [(doc_id, index, position, place.row, place.line, integer)
+                    for position, doc_id, place, integer in read_ids(options, shard)]
+        except CorpusError:
+            continue
+        for row in rows:
+            for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
+                columns[column].append(value)
+    store = OutputStore(output, output_options)
+    spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
+
+
+def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int,
+                 paths: list[str]) -> dict[int, tuple[int, int]]:
+    """Ray task: partition ``k``'s ids held by more than one shard; every occurrence outside the first
+    shard loses to the first occurrence. Writes ``losers/p<k>.parquet``; returns, per losing shard,
+    how many of its documents lose and the sum of their positions' hashes (a digest that does not
+    depend on how the ids were partitioned)."""
+    store = OutputStore(output, output_options)
+    table = read_partition(store.fs, store.path(f"{folder}/spill"), k)
+    if table is None:
+        return {}
+    losers: dict[str, list[Any]] = {name: [] for name in ("shard", "position", "kept_path", "kept_row",
+                                                          "kept_line", "kept_integer")}
+    first: dict[str, Any] | None = None
+    for row in repeated(table, ["shard", "position"]).to_pylist():
+        if first is None or row["id"] != first["id"]:
+            first = row  # the id's first occurrence in plan order: it keeps the id
+            continue
+        if row["shard"] == first["shard"]:
+            continue  # a repeat within the shard: read_shard rejects it itself
+        for column, value in zip(losers, (row["shard"], row["position"], paths[first["shard"]], first["row"],
+                                          first["line"], first["integer"]), strict=True):
+            losers[column].append(value)
+    if not losers["shard"]:
+        return {}
+    table = pa.table(losers, schema=pa.schema([("shard", pa.int32()), ("position", pa.int32()),
+                                               ("kept_path", pa.string()), ("kept_row", pa.int64()),
+                                               ("kept_line", pa.int64()), ("kept_integer", pa.bool_())]))
+    store.write_atomic(f"{folder}/losers/p{k}.parquet", lambda handle: pq.write_table(table, handle))
+    tally: dict[int, tuple[int, int]] = {}
+    for index, position in zip(losers["shard"], losers["position"], strict=True):
+        number, hashes = tally.get(index, (0, 0))
+        tally[index] = (number + 1, (hashes + _position_hash(position)) % 2**64)
+    return tally
+
+
+def _position_hash(position: int) -> int:
+    return int.from_bytes(hashlib.blake2b(position.to_bytes(8, "little"), digest_size=8).digest(), "little")

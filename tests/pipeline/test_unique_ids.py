@@ -1,0 +1,160 @@
+"""Every id at most once in an output, across shards and files: later records are duplicate_id rejects."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import ray
+from click.testing import CliRunner
+
+from teibatch.cli import main
+from teibatch.errors import EXIT_REFUSED
+from teibatch.job import load_job
+from teibatch.pipeline import run_job
+from tests.conftest import write_jsonl
+from tests.pipeline.test_crash_resume import crash_and_resume
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+ONE_SERVER = {"provider": "local", "count": 1}
+
+
+def issue_corpus(root: Path) -> None:
+    """The issue's corpus: a.jsonl d0–d99, b.jsonl d95–d104, c.jsonl c0–c59 twice (230 rows, 165 ids)."""
+    write_jsonl(root / "a.jsonl", [{"id": f"d{i}", "text": f"alpha {i}"} for i in range(100)])
+    write_jsonl(root / "b.jsonl", [{"id": f"d{i}", "text": f"beta {i}"} for i in range(95, 105)])
+    write_jsonl(root / "c.jsonl", [{"id": f"c{i % 60}", "text": f"gamma {i}"} for i in range(120)])
+
+
+def output_ids(out: Path) -> list[str]:
+    return ds.dataset(out / "vectors").to_table(columns=["id"]).column("id").to_pylist()
+
+
+def rejects(out: Path) -> list[tuple[str, str, str]]:
+    table = ds.dataset(out / "rejects").to_table()
+    return sorted(zip(table.column("id").to_pylist(), table.column("reason").to_pylist(),
+                      table.column("detail").to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("partition_rows", [
+    pytest.param(None, id="one-partition"),
+    pytest.param(7, id="many-partitions"),  # the ids of 230 rows spread over 33 partitions
+])
+def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
+        tmp_path: Path, job_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+        partition_rows: int | None) -> None:
+    if partition_rows is not None:
+        monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
+    issue_corpus(tmp_path / "corpus")
+    job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER))
+    out = tmp_path / "out"
+    summary = run_job(job)
+
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 165
+    first = rejects(out)
+    assert len(first) == 65 and {reason for _, reason, _ in first} == {"duplicate_id"}
+    assert summary.rejected_total == 65 and summary.rejected["duplicate_id"] == 65
+    details = {(doc_id, detail.split(":")[0]): detail for doc_id, _, detail in first}
+    # Across files: the later file's record names both places; the first occurrence keeps the id.
+    assert details["d95", "b.jsonl#0 (line 1)"].endswith("was already seen (a.jsonl#95 (line 96))")
+    # One file over several shards: the second copy of c0 (row 60, shard 2) names line 1.
+    assert details["c0", "c.jsonl#60 (line 61)"].endswith("(line 61) was already seen (line 1)")
+    assert {doc_id for doc_id, _, _ in first} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
+    kept = ds.dataset(out / "vectors").to_table(columns=["id", "content_hash"]).to_pylist()
+    by_id = {row["id"]: row["content_hash"] for row in kept}
+    report = orjson.loads((out / "runs" / f"{summary.run_id}.json").read_bytes())
+    assert report["documents"]["rejected"] == 65
+    (index,) = (out / "_ids").iterdir()
+    assert sorted(p.name for p in index.iterdir()) == ["index.json", "losers"]  # the spill is gone
+
+    # A rerun into a fresh output decides the same.
+    shutil.rmtree(out)
+    run_job(job)
+    assert rejects(out) == first
+    assert {row["id"]: row["content_hash"] for row in
+            ds.dataset(out / "vectors").to_table(columns=["id", "content_hash"]).to_pylist()} == by_id
+
+    # A resumed run: the shard that keeps d95–d99 and the one that repeats them are not committed.
+    manifest = orjson.loads((out / "_manifest.json").read_bytes())
+    dropped = [sid for sid, entry in manifest["shards"].items() if entry["sources"] == ["b.jsonl"]]
+    dropped.append(manifest["planned"][1])  # a.jsonl rows 50–99
+    assert len(dropped) == 2
+    for shard_id in dropped:
+        del manifest["shards"][shard_id]
+        for folder in ("vectors", "rejects"):
+            (out / folder / f"part-{shard_id}.parquet").unlink()
+    (out / "_manifest.json").write_bytes(orjson.dumps(manifest))
+    built = (index / "index.json").stat().st_mtime_ns
+    resumed = run_job(job)
+    assert resumed.shards_committed == 2
+    assert (index / "index.json").stat().st_mtime_ns == built  # the same plan: its index is read, not built
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 165
+    assert rejects(out) == first
+
+
+def test_validate_finds_an_id_written_twice(tmp_path: Path, job_file: Callable[..., Path]) -> None:
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", [{"id": f"a{i}", "text": f"alpha {i}"} for i in range(10)])
+    write_jsonl(corpus / "b.jsonl", [{"id": f"b{i}", "text": f"beta {i}"} for i in range(10)])
+    path = job_file({"path": str(corpus), "id_field": "id"}, ONE_SERVER)
+    run_job(load_job(path))
+    runner = CliRunner()
+    clean = runner.invoke(main, ["validate", str(path)])
+    assert clean.exit_code == 0, clean.output
+
+    # By hand: b's part gets a copy of a's first row.
+    parts = sorted((tmp_path / "out" / "vectors").glob("part-*.parquet"))
+    a_part, b_part = sorted(parts, key=lambda p: pq.read_table(p).column("id")[0].as_py())
+    b_table = pq.read_table(b_part)
+    pq.write_table(pa.concat_tables([b_table, pq.read_table(a_part).slice(0, 1).cast(b_table.schema)]), b_part)
+    caught = runner.invoke(main, ["validate", str(path)])
+    assert caught.exit_code == EXIT_REFUSED, caught.output
+    assert "'a0' in vectors/" in caught.output and f"{a_part.name}#0 and vectors/{b_part.name}#10" in caught.output
+    assert "2 vectors part(s), every id once" in clean.output
+
+
+def test_a_new_earlier_file_takes_ids_from_committed_shards(tmp_path: Path, job_file: Callable[..., Path]) -> None:
+    corpus = tmp_path / "corpus"
+    write_jsonl(corpus / "a.jsonl", [{"id": f"d{i}", "text": f"alpha {i}"} for i in range(20)])
+    write_jsonl(corpus / "b.jsonl", [{"id": f"e{i}", "text": f"beta {i}"} for i in range(20)])
+    job = load_job(job_file({"path": str(corpus), "id_field": "id", "shard_docs": 10}, ONE_SERVER,
+                            mode="incremental"))
+    run_job(job)
+    out = tmp_path / "out"
+    assert len(output_ids(out)) == 40 and not rejects(out)
+
+    # 0.jsonl comes first in plan order: it keeps d3 and e15, which committed shards of a and b held.
+    write_jsonl(corpus / "0.jsonl", [{"id": "d3", "text": "zero 3"}, {"id": "e15", "text": "zero 15"}])
+    summary = run_job(job)
+    assert summary.shards_committed == 3  # 0.jsonl's, and the two shards that lose an id to it
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 40
+    assert [(doc_id, detail) for doc_id, _, detail in rejects(out)] == [
+        ("d3", "a.jsonl#3 (line 4): id 'd3' (line 4) was already seen (0.jsonl#0 (line 1))"),
+        ("e15", "b.jsonl#15 (line 16): id 'e15' (line 16) was already seen (0.jsonl#1 (line 2))")]
+    assert run_job(job).shards_committed == 0  # decided: nothing to do
+
+
+def test_a_run_killed_between_shards_resumes_with_every_id_once(tmp_path: Path,
+                                                                job_file: Callable[..., Path]) -> None:
+    issue_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    job = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER,
+                   limits={"max_shards_in_flight": 1})
+    address = ray.get_runtime_context().gcs_address
+    # The driver is killed after two of the five shards are committed (those of a.jsonl, which keep d95–d99).
+    crash_and_resume(job, address, "commit:2", True, tmp_path)
+    ids = output_ids(out)
+    assert len(ids) == len(set(ids)) == 165
+    found = rejects(out)
+    assert len(found) == 65 and {reason for _, reason, _ in found} == {"duplicate_id"}
+    assert {doc_id for doc_id, _, _ in found} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
