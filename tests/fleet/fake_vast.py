@@ -13,8 +13,10 @@ and the ``vast-ai/vast-python`` CLI (``vast.py``: ``search__offers``, ``create__
   ``args``, ``env`` (object; ports as ``"-p 80:80": "1"``), ``price`` (a bid) → ``{"success": true,
   "new_contract": <instance id>}``; an offer rented already → 400 ``{"success": false, "error":
   "no_such_ask", "msg": …}`` (the code the CLI's users report; the status is not documented)
-* ``GET /api/v0/instances/{id}/`` → ``{"instances": {...}}`` · ``GET /api/v0/instances/`` →
-  ``{"instances": [...]}``; an instance: ``id``, ``label``, ``actual_status`` (loading, running),
+* ``GET /api/v0/instances/{id}/`` → ``{"instances": {...}}`` · ``GET /api/v1/instances?limit=&after_token=``
+  → ``{"success", "instances": [...], "instances_found", "total_instances", "next_token"}``, keyset
+  pages of ``page_size`` (25, Vast's maximum; the deprecated v0 list is not served); an instance:
+  ``id``, ``label``, ``actual_status`` (loading, running),
   ``intended_status``, ``cur_state`` (running; unloaded once destroyed), ``public_ipaddr``, ``ports``
   (``{"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": "<port>"}]}``), ``dph_total``, ``is_bid``
 * ``DELETE /api/v0/instances/{id}/`` → ``{"success": true}``; a destroyed instance answers
@@ -34,7 +36,10 @@ share it), and container port 22 is mapped to ``ssh_port`` (the test sshd's, set
 that waits for the seed first (``nohup sh -c <wait> seed-wait <marker> <seconds> timeout … &``) has its
 wait run for real (the shell script, with ``true`` for the router), and the router started when it
 ends. ``starts`` records, per instance, whether its router had to download the model and how long it
-waited for the seed. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
+waited for the seed. Faults: ``taken`` (offer ids), ``min_bid_now`` (offer id → its minimum bid now: a
+lower ``price`` answers 400 ``invalid_price``), ``end_as`` (the next instances' ``actual_status``:
+``exited``, ``unknown`` or ``offline``, never ``running``), ``late_lists`` (a new instance is left out of
+that many lists), ``stuck`` (that many instances stay
 loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
 ``destroy_errors`` (that many 502/503 answers), ``gone_status``; :meth:`FakeVast.preempt` stops an
 instance as Vast does an outbid interruptible one.
@@ -89,6 +94,11 @@ class FakeVast(ContainerFake):
         self.create_attempts: list[int] = []
         self.destroys: list[int] = []
         self.taken: set[int] = set()
+        self.min_bid_now: dict[int, float] = {}
+        self.end_as: list[str] = []
+        self.late_lists = 0
+        self.page_size = 25
+        self._hidden: dict[int, int] = {}
         self.stuck = 0
         self.fail_after_create = 0
         self.show_errors = 0
@@ -101,7 +111,7 @@ class FakeVast(ContainerFake):
         self._ids = itertools.count(7_000_001)
         self.route("POST", "/api/v0/bundles/", self._search)
         self.route("PUT", r"/api/v0/asks/(?P<id>\d+)/", self._create)
-        self.route("GET", "/api/v0/instances/", self._list)
+        self.route("GET", "/api/v1/instances/?", self._list)
         self.route("GET", r"/api/v0/instances/(?P<id>\d+)/", self._show)
         self.route("DELETE", r"/api/v0/instances/(?P<id>\d+)/", self._destroy)
         self.route("POST", r"/api/v0/instances/(?P<id>\d+)/ssh/", self._attach)
@@ -153,6 +163,10 @@ class FakeVast(ContainerFake):
             if offer is None or offer_id in self.taken:
                 return 400, {"success": False, "error": "no_such_ask",
                              "msg": f"Instance type {offer_id} is no longer available."}
+            min_bid = self.min_bid_now.get(offer_id, offer["min_bid"])
+            if "price" in body and body["price"] < min_bid:
+                return 400, {"success": False, "error": "invalid_price",
+                             "msg": f"bid price {body['price']} is below the minimum bid {min_bid} of offer {offer_id}"}
             self.taken.add(offer_id)  # one machine: rented once
             instance_id = next(self._ids)
             instance = {"id": instance_id, "label": body.get("label"), "actual_status": "loading",
@@ -163,7 +177,10 @@ class FakeVast(ContainerFake):
                         "image_args": body.get("args", [])}
             self.instances[instance_id] = instance
             self.creates.append(dict(body, offer_id=offer_id))
-            if self.stuck > 0:
+            self._hidden[instance_id] = self.late_lists
+            if self.end_as:
+                instance.update(actual_status=self.end_as.pop(0), status_msg="the container could not start")
+            elif self.stuck > 0:
                 self.stuck -= 1
             else:
                 self._start(instance, body)
@@ -233,9 +250,20 @@ class FakeVast(ContainerFake):
             self.closed = True  # a seed wait that ends now starts no router
         super().stop()
 
-    def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+    def _list(self, match: re.Match[str], body: Any, query: dict[str, list[str]]) -> tuple[int, Any]:
+        limit = min(int(query.get("limit", ["25"])[0]), 25, self.page_size)
+        after = int(query["after_token"][0]) if "after_token" in query else 0
         with self.lock:
-            return 200, {"instances": [dict(i) for i in self.instances.values() if i["cur_state"] != "unloaded"]}
+            listed = []
+            for instance_id, row in self.instances.items():
+                if self._hidden.get(instance_id, 0) > 0:
+                    self._hidden[instance_id] -= 1  # not visible in lists yet
+                elif row["cur_state"] != "unloaded":
+                    listed.append(dict(row))
+        page = [row for row in listed if row["id"] > after][:limit]
+        more = page and any(row["id"] > page[-1]["id"] for row in listed)
+        return 200, {"success": True, "instances": page, "instances_found": len(page), "total_instances": len(listed),
+                     "next_token": str(page[-1]["id"]) if more else None}
 
     def _gone(self, instance_id: int) -> tuple[int, Any] | None:
         instance = self.instances.get(instance_id)

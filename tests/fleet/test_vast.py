@@ -471,3 +471,46 @@ def test_the_worked_cost_example_of_the_docs(interruptible: bool, price: float, 
                          parameters=33_400_000, bench_tokens_per_s=None)
     assert card.tokens_per_s == pytest.approx(617_515, abs=1) and card.billed_seconds == 1103
     assert card.gpu_hours == pytest.approx(1.23, abs=0.005) and card.cost == pytest.approx(cost, abs=0.005)
+
+
+def _row(instance_id: int, label: str) -> dict[str, Any]:
+    return {"id": instance_id, "label": label, "actual_status": "running", "intended_status": "running",
+            "cur_state": "running", "public_ipaddr": "127.0.0.1", "ports": {}, "dph_total": 0.4}
+
+
+def test_the_instance_list_is_v1_and_followed_page_by_page(fake_vast: FakeVast) -> None:
+    fake_vast.page_size = 2
+    with fake_vast.lock:
+        for n in range(5):
+            fake_vast.instances[8_000_000 + n] = _row(8_000_000 + n, f"teibatch-paged-{n}")
+        fake_vast.instances[8_000_010] = _row(8_000_010, "someone-else")
+    api = VastApi()
+    assert sorted(i.name for i in api.list("teibatch-paged-")) == [f"teibatch-paged-{n}" for n in range(5)]
+    api.close()
+    lists = [(method, path) for method, path, _ in fake_vast.requests if "instances" in path]
+    assert lists == [("GET", "/api/v1/instances")] * 3  # 6 instances, 2 a page; never the deprecated v0 list
+
+
+@pytest.mark.timeout(60)
+def test_a_bid_under_a_risen_min_bid_tries_the_next_offer(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.min_bid_now[1001] = 0.40  # it was 0.25 when searched: the bid (0.275) is now too low
+    with running(provider(ledger, capacity="spot", gpu=("RTX 4090",)), LaunchSpec(run_id="risen")) as endpoints:
+        assert len(endpoints) == 1
+    assert fake_vast.create_attempts == [1001, 1002]  # the run goes on with the next offer
+    assert [c["offer_id"] for c in fake_vast.creates] == [1002] and fake_vast.alive() == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", [pytest.param("exited", id="exited"), pytest.param("unknown", id="unknown"),
+                                    pytest.param("offline", id="offline")])
+def test_an_instance_that_never_runs_is_given_back_at_once(fake_vast: FakeVast, ledger: Ledger, status: str) -> None:
+    fake_vast.end_as = [status]
+    with running(provider(ledger, startup_timeout=20.0), LaunchSpec(run_id="ends")) as endpoints:
+        assert len(endpoints) == 1
+    first = fake_vast.creates[0]["offer_id"]
+    assert len(fake_vast.creates) == 2 and fake_vast.alive() == 0
+    dead = min(fake_vast.instances)  # the first instance made
+    polls = [path for method, path, _ in fake_vast.requests if method == "GET" and path.endswith(f"/{dead}/")]
+    assert first == 1001 and len(polls) <= 3, polls  # seen once as it is, not polled until startup_timeout
+    record = ledger.load("ends")
+    assert record is not None and f"status {status}" in record["instances"]["teibatch-ends-0"]["error"]

@@ -35,8 +35,13 @@ instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python``
 * ``GET /instances/{id}/``: ``{"instances": {actual_status, intended_status, cur_state, label,
   image_runtype, public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}], "22/tcp": [...]},
   dph_total}}``
-* ``GET /instances/``: ``{"instances": [...]}`` (found again by label) · ``DELETE /instances/{id}/``
-  (404 or 410: already gone)
+* ``GET /api/v1/instances?limit=25[&after_token=…]`` (the v0 list, ``GET /instances/``, is deprecated):
+  ``{"instances": [...], "next_token": …}``, 25 a page, followed until ``next_token`` is ``null``; the
+  run's instances are found again by label · ``DELETE /instances/{id}/`` (404 or 410: already gone)
+* an ``actual_status`` of ``exited``, ``stopped``, ``offline`` or ``unknown`` never becomes ``running``:
+  such an instance is given back at once, not waited for until ``startup_timeout``
+* a bid below the offer's minimum bid now (it rose since the search) answers ``invalid_price``: like
+  an offer taken, the next offer is tried
 
 The key is ``$VAST_API_KEY``, else the CLI's key file (``~/.config/vastai/vast_api_key``, or the
 older ``~/.vast_api_key``). ``$TEIBATCH_VAST_API_URL`` replaces the API's address (tests, proxies).
@@ -51,12 +56,14 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
+import re
 import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
@@ -91,12 +98,16 @@ SEED_MARKER = ".teibatch-seeded-{name}"  # in the model directory: written once 
 #: onstart's wait for the seed: until the marker ($1) exists or $2 seconds passed; then the marker goes, TEI starts
 SEED_WAIT = ('n=0; while [ ! -e "$1" ] && [ "$n" -lt "$2" ]; do sleep 1; n=$((n+1)); done; '
              'rm -f "$1"; shift 2; exec "$@"')
-_TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented")
+#: an offer gone (taken), or bid under its minimum bid now (invalid_price): either way, try the next offer
+_TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented", "invalid_price")
+PAGE_LIMIT = 25            # GET /api/v1/instances: at most 25 a page
+MAX_PAGES = 400            # 10,000 instances: a bound on following next_token
 #: actual_status → state, when the contract is not released (cur_state "unloaded": gone)
 _STATES: dict[str | None, CloudState] = {
     None: CloudState.PENDING, "loading": CloudState.PENDING, "created": CloudState.PENDING,
     "scheduling": CloudState.PENDING, "rebooting": CloudState.PENDING, "running": CloudState.PENDING,
-    "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED}
+    "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED,
+    "unknown": CloudState.FAILED}
 #: the search types each servers.capacity asks for, in the order their offers are tried
 SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("on-demand",), "spot": ("bid",), "any": ("bid", "on-demand")}
 
@@ -182,6 +193,7 @@ class VastApi(CloudApi):
         self.disk_gb = disk_gb
         self._client = ApiClient("vast", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
                                  timeout=timeout)
+        self._v1 = re.sub(r"/v0$", "/v1", self._client.base_url)  # the instance list is v1's
 
     def __repr__(self) -> str:
         return f"VastApi({self._client.base_url!r}, capacity={self.capacity!r})"
@@ -256,10 +268,17 @@ class VastApi(CloudApi):
         return self._instance(row) if isinstance(row, Mapping) and row else None
 
     def list(self, prefix: str) -> list[CloudInstance]:
-        answer = self._client.call("GET", "/instances/", what="show instances")
-        found = [self._instance(row) for row in answer.get("instances") or []
-                 if str(row.get("label") or "").startswith(prefix)]
-        return [i for i in found if i.state is not CloudState.GONE]
+        """The account's instances labelled ``prefix…``: every page of ``GET /api/v1/instances``."""
+        found, token = [], None
+        for _ in range(MAX_PAGES):
+            query = urlencode({"limit": PAGE_LIMIT, **({"after_token": token} if token else {})})
+            answer = self._client.call("GET", f"{self._v1}/instances?{query}", what="show instances")
+            found += [self._instance(row) for row in answer.get("instances") or []
+                      if str(row.get("label") or "").startswith(prefix)]
+            token = answer.get("next_token")
+            if not token:
+                return [i for i in found if i.state is not CloudState.GONE]
+        raise FleetError(f"vast: show instances: more than {MAX_PAGES} pages of {PAGE_LIMIT}")
 
     def terminate(self, instance_id: str) -> None:
         self._client.call("DELETE", f"/instances/{instance_id}/", what=f"destroy instance {instance_id}",
