@@ -266,16 +266,20 @@ def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: Non
 @pytest.fixture
 def fake_vast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
     """A fake Vast.ai on 127.0.0.1 whose instances are ``teibatch serve`` processes; key and address in the
-    environment."""
-    from tests.fleet.fake_vast import FakeVast
+    environment. It checks every request against Vast's OpenAPI file (skipped, with the reason, without
+    it), and every answer it sent must have kept to the file too."""
+    from tests.fleet.cloudspec import load_spec
+    from tests.fleet.fake_vast import SPEC_FILE, FakeVast
 
+    spec = load_spec(SPEC_FILE)
     workdir = tmp_path / "vast"
     workdir.mkdir()
-    fake = FakeVast(VAST_KEY, workdir)
+    fake = FakeVast(VAST_KEY, workdir, spec)
     monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
     monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
     with fake:
         yield fake
+    assert fake.answer_problems == [], "the fake answered outside Vast's spec"
 
 
 def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.0) -> None:

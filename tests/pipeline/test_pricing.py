@@ -40,7 +40,8 @@ from teibatch.pipeline.pricing import (
     price_cards,
     pricing_lines,
 )
-from tests.fleet.fake_vast import FakeVast, _offer
+from tests.fleet.cloudspec import load_spec
+from tests.fleet.fake_vast import SPEC_FILE, FakeVast, _offer
 from tests.pipeline.test_plan import A10, job_file
 
 KEY = "pricing-test-key-" + "2" * 20
@@ -53,7 +54,7 @@ RTX_4090, A6000 = "NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000"
 def spot_prices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
     """A fake Vast.ai with two offers, on-demand and spot: a cloud that rents both capacities."""
     (tmp_path / "vast").mkdir()
-    fake = FakeVast(KEY, tmp_path / "vast")
+    fake = FakeVast(KEY, tmp_path / "vast", load_spec(SPEC_FILE))
     fake.offers = [_offer(2001, RTX_4090, 24564, 890, 0.69, 0.318), _offer(2002, A6000, 49140, 860, 0.76, 0.3545)]
     monkeypatch.setenv("VAST_API_KEY", KEY)
     monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
