@@ -296,3 +296,16 @@ def test_the_providers_create_body_keeps_to_the_spec(fake_runpod: FakeRunPod, le
     bad = {**body, "cloudType": "ALL"}  # what REST v1 took: refused by name
     assert fake_runpod.spec.request_problems(found[0], {}, {}, bad) == [
         "$: additional properties 'cloudType' not allowed"]
+
+
+def test_answer_check_bites(fake_runpod: FakeRunPod) -> None:
+    spec = fake_runpod.spec
+    assert spec is not None
+    found = spec.find("GET", "/v2/pods/abc")
+    assert found is not None
+    v1_pod = {"id": "abc", "name": "teibatch-x-0", "desiredStatus": "RUNNING", "costPerHr": "0.69"}  # REST v1's shape
+    problems = spec.response_problems(found[0], 200, v1_pod, "application/json")
+    assert "answer 200 $: 'status' is a required property" in problems
+    assert spec.response_problems(found[0], 404, {"error": "pod not found"}, "application/json") == [
+        "getPod 404: media type application/json is not one of ['application/problem+json']"]
+    assert fake_runpod.answers == []  # nothing was sent: the fixture checks every answer that is

@@ -555,3 +555,13 @@ def test_the_providers_requests_keep_to_the_spec(fake_vast: FakeVast, ledger: Le
     assert docker_env({"API_KEY": "a b", "-p 80:80": "1"}) == "-e API_KEY='a b' -p 80:80"
     assert fake_vast.refused == []
     api.close()
+
+
+def test_rate_limit_answers_429_with_retry_after_within_the_spec(fake_vast: FakeVast) -> None:
+    fake_vast.rate_limit, fake_vast.rate_window_s = 1, 30.0
+    auth = {"Authorization": f"Bearer {VAST_KEY}"}
+    url = f"{fake_vast.url}/api/v1/instances?limit=25"
+    answers = [httpx.get(url, headers=auth, timeout=10) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 429]
+    assert 1 <= int(answers[1].headers["Retry-After"]) <= 30 and answers[1].json()["error"] == "rate_limit_exceeded"
+    assert fake_vast.throttled == 1 and fake_vast.answer_problems == []
