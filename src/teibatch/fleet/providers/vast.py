@@ -290,15 +290,15 @@ class VastApi(CloudApi):
                  if str(row.get("label") or "").startswith(prefix)]
         return [i for i in found if i.state is not CloudState.GONE]
 
-    def _rows(self, filters: Mapping[str, Any] | None, *, what: str) -> list[Mapping[str, Any]]:
+    def _rows(self, filters: Mapping[str, Any] | None, *, what: str) -> tuple[Mapping[str, Any], ...]:
         """Every page of ``GET /api/v1/instances`` (``select_filters``: ``filters``), ``next_token`` followed."""
-        rows: list[Mapping[str, Any]] = []
+        rows: tuple[Mapping[str, Any], ...] = ()
         token = None
         for _ in range(MAX_PAGES):
             query = {"limit": PAGE_LIMIT, **({"select_filters": json.dumps(filters)} if filters else {}),
                      **({"after_token": token} if token else {})}
             answer = self._client.call("GET", f"{self._v1}/instances?{urlencode(query)}", what=what)
-            rows += [row for row in answer.get("instances") or [] if isinstance(row, Mapping)]
+            rows += tuple(row for row in answer.get("instances") or [] if isinstance(row, Mapping))
             token = answer.get("next_token")
             if not token:
                 return rows
