@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from teibatch.cli import main
+from teibatch.cli import validate
 from teibatch.errors import JobSpecError
 from teibatch.fleet import LaunchSpec, Ledger, running
 from teibatch.fleet.catalog import billing_rules
@@ -205,7 +205,7 @@ def test_spot_is_refused_for_runpod_naming_the_providers_that_rent_it(tmp_path: 
     with pytest.raises(JobSpecError, match=rf"servers\.capacity: {capacity}: RunPod \(API v2\) offers no spot "
                                            r"\(interruptible\) capacity; use capacity: on-demand, or provider vast"):
         load_job(job)
-    result = CliRunner().invoke(main, ["validate", str(job)])
+    result = CliRunner().invoke(validate, [str(job)])
     assert result.exit_code == 2, result.output
 
 
@@ -214,7 +214,7 @@ def test_cloud_all_is_refused_at_validation(tmp_path: Path) -> None:
     spec = yaml.safe_load(job.read_text())
     spec["servers"]["cloud_type"] = "ALL"
     job.write_text(yaml.safe_dump(spec))
-    result = CliRunner().invoke(main, ["validate", str(job)])
+    result = CliRunner().invoke(validate, [str(job)])
     assert result.exit_code == 2, result.output
     for words in ("servers.cloud_type", str(job), "'SECURE'", "'COMMUNITY'"):
         assert words in result.output, result.output
