@@ -103,7 +103,8 @@ class StaticServerSection(_Section):
 
 
 CLOUD_PROVIDERS = ("lambda", "runpod", "vast")
-SPOT_PROVIDERS = ("runpod", "vast")   # clouds whose spot (interruptible) capacity teibatch rents
+SPOT_PROVIDERS = ("vast",)   # clouds whose spot (interruptible) capacity teibatch rents (RunPod's API v2 rents none)
+CLOUD_NAMES = {"lambda": "Lambda Cloud", "runpod": "RunPod (API v2)", "vast": "Vast.ai"}
 
 
 class ServersSection(_Section):
@@ -133,7 +134,7 @@ class ServersSection(_Section):
     ssh_user: str = "ubuntu"                        # lambda (vast: root)
     ssh_port: int = Field(22, ge=1, le=65535)       # lambda
     network_volume_id: str | None = None            # runpod: keep the model weights in this network volume
-    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"   # runpod
+    cloud_type: Literal["SECURE", "COMMUNITY"] = "SECURE"   # runpod: the pods' cloud (RunPod's API v2 has no "ALL")
     container_disk_gb: int = Field(40, ge=1)        # runpod, vast
 
     def host_sections(self) -> list[SshHostSection]:
@@ -190,9 +191,10 @@ class ServersSection(_Section):
             cloud_only.append("capacity")
         if self.provider not in CLOUD_PROVIDERS and cloud_only:
             raise ValueError(f"servers.{cloud_only[0]} is for the GPU clouds (provider lambda, runpod or vast)")
-        if self.provider == "lambda" and self.capacity != "on-demand":
-            raise ValueError(f"servers.capacity: {self.capacity}: Lambda Cloud offers no spot (interruptible) "
-                             f"capacity; use capacity: on-demand, or provider {' or '.join(SPOT_PROVIDERS)}")
+        if self.provider in CLOUD_PROVIDERS and self.provider not in SPOT_PROVIDERS and self.capacity != "on-demand":
+            raise ValueError(f"servers.capacity: {self.capacity}: {CLOUD_NAMES[self.provider]} offers no spot "
+                             f"(interruptible) capacity; use capacity: on-demand, or provider "
+                             f"{' or '.join(SPOT_PROVIDERS)}")
         if self.min_reliability is not None and self.provider != "vast":
             raise ValueError("servers.min_reliability is for provider vast (the marketplace's machine reliability)")
         if self.provider == "vast":

@@ -246,32 +246,40 @@ def fake_lambda(host: SshHostFixture, monkeypatch: pytest.MonkeyPatch, fast_poll
 
 @pytest.fixture
 def fake_runpod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
-    """A fake RunPod on 127.0.0.1 whose pods are ``teibatch serve`` processes; key and addresses in the environment."""
-    from tests.fleet.fake_runpod import FakeRunPod
+    """A fake RunPod (API v2) on 127.0.0.1 whose pods are ``teibatch serve`` processes; key and address in the
+    environment. It checks every request against RunPod's OpenAPI file (skipped, with the reason, without
+    it), and every answer it sent must have kept to the file too."""
+    from tests.fleet.cloudspec import load_spec
+    from tests.fleet.fake_runpod import SPEC_FILE, FakeRunPod
 
+    spec = load_spec(SPEC_FILE)
     workdir = tmp_path / "runpod"
     workdir.mkdir()
-    fake = FakeRunPod(RUNPOD_KEY, workdir)
+    fake = FakeRunPod(RUNPOD_KEY, workdir, spec)
     monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
     monkeypatch.setenv("TEIBATCH_RUNPOD_API_URL", fake.rest_url)
-    monkeypatch.setenv("TEIBATCH_RUNPOD_GRAPHQL_URL", fake.graphql_url)
     with fake:
         yield fake
+    assert fake.answer_problems == [], "the fake answered outside RunPod's spec"
 
 
 @pytest.fixture
 def fake_vast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
     """A fake Vast.ai on 127.0.0.1 whose instances are ``teibatch serve`` processes; key and address in the
-    environment."""
-    from tests.fleet.fake_vast import FakeVast
+    environment. It checks every request against Vast's OpenAPI file (skipped, with the reason, without
+    it), and every answer it sent must have kept to the file too."""
+    from tests.fleet.cloudspec import load_spec
+    from tests.fleet.fake_vast import SPEC_FILE, FakeVast
 
+    spec = load_spec(SPEC_FILE)
     workdir = tmp_path / "vast"
     workdir.mkdir()
-    fake = FakeVast(VAST_KEY, workdir)
+    fake = FakeVast(VAST_KEY, workdir, spec)
     monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
     monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
     with fake:
         yield fake
+    assert fake.answer_problems == [], "the fake answered outside Vast's spec"
 
 
 def kill_when_ready(command: list[str], env: dict[str, str], wait_s: float = 90.0) -> None:

@@ -1,24 +1,32 @@
 """A fake Vast.ai whose instances are real: each is a ``teibatch serve --api-key …`` process on 127.0.0.1.
 
+Every request is checked against Vast's own OpenAPI file (``../shared/clouds/vast-openapi.yaml``,
+:mod:`tests.fleet.cloudspec`) and refused as Vast refuses it (400 ``{"success": false, "error":
+"invalid_args", "msg": …}`` naming the field; a route the spec lacks, such as the deprecated v0
+instance list, is 404); every answer is checked against the spec too (``answer_problems``, asserted
+empty by the fixture; a 5xx fault is checked only where the spec declares one).
+
 Checked against Vast.ai's API reference (``docs.vast.ai/api-reference``: search offers, create
 instance, show instance(s), destroy instance; server ``https://console.vast.ai/api/v0``, bearer key)
 and the ``vast-ai/vast-python`` CLI (``vast.py``: ``search__offers``, ``create__instance``,
 ``parse_env``, ``show__instances``, ``destroy_instance``):
 
-* ``POST /api/v0/bundles/`` with a query ``{field: {op: value}, "type": "on-demand" | "bid", "order":
-  [[field, "asc"]], "allocated_storage", "limit"}`` → ``{"offers": [offer...]}``; an offer has ``id``,
+* ``POST /api/v0/bundles/`` with a query ``{field: {op: value}, "type": "ondemand" | "bid", "order":
+  [[field, "asc"], ...], "allocated_storage", "limit"}`` → ``{"offers": [offer...]}``; an offer has ``id``,
   ``gpu_name``, ``num_gpus``, ``gpu_ram`` (MB), ``compute_cap`` (×100), ``dph_total``, ``min_bid``,
   ``reliability2``, ``verified``, ``rentable``
 * ``PUT /api/v0/asks/{id}/`` with ``client_id``, ``image``, ``label``, ``disk``, ``runtype``, ``onstart``,
-  ``args``, ``env`` (object; ports as ``"-p 80:80": "1"``), ``price`` (a bid) → ``{"success": true,
-  "new_contract": <instance id>}``; an offer rented already → 400 ``{"success": false, "error":
-  "no_such_ask", "msg": …}`` (the code the CLI's users report; the status is not documented)
-* ``GET /api/v0/instances/{id}/`` → ``{"instances": {...}}`` · ``GET /api/v0/instances/`` →
-  ``{"instances": [...]}``; an instance: ``id``, ``label``, ``actual_status`` (loading, running),
+  ``args``, ``env`` (Docker flags: ``-e KEY=value``, ``-p 80:80``), ``price`` (a bid) → ``{"success": true,
+  "new_contract": <instance id>}``; an offer rented already → 404 ``{"success": false, "error":
+  "invalid_args", "msg": "error 404/3603: no_such_ask …"}`` (the spec's answer)
+* ``GET /api/v1/instances?limit=&after_token=&select_filters=``
+  → ``{"success", "instances": [...], "instances_found", "total_instances", "next_token"}``, keyset
+  pages of ``page_size`` (25, Vast's maximum), ``select_filters`` by ``id`` or ``label`` (``eq``); an instance:
+  ``id``, ``label``, ``actual_status`` (loading, running),
   ``intended_status``, ``cur_state`` (running; unloaded once destroyed), ``public_ipaddr``, ``ports``
   (``{"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": "<port>"}]}``), ``dph_total``, ``is_bid``
-* ``DELETE /api/v0/instances/{id}/`` → ``{"success": true}``; a destroyed instance answers
-  ``gone_status`` (404, or 410 Gone) to show and destroy
+* ``DELETE /api/v0/instances/{id}/`` → ``{"success": true}``; a destroyed instance answers 404 and is
+  no longer listed
 * ``POST /api/v0/instances/{id}/ssh/`` with ``{"ssh_key": <public key>}`` (the CLI's ``attach ssh``) →
   ``{"success": true}``; recorded in ``ssh_keys``
 
@@ -34,15 +42,19 @@ share it), and container port 22 is mapped to ``ssh_port`` (the test sshd's, set
 that waits for the seed first (``nohup sh -c <wait> seed-wait <marker> <seconds> timeout … &``) has its
 wait run for real (the shell script, with ``true`` for the router), and the router started when it
 ends. ``starts`` records, per instance, whether its router had to download the model and how long it
-waited for the seed. Faults: ``taken`` (offer ids), ``stuck`` (that many instances stay
+waited for the seed. Faults: ``taken`` (offer ids), ``min_bid_now`` (offer id → its minimum bid now: a
+lower ``price`` answers 400 ``invalid_price``), ``end_as`` (the next instances' ``actual_status``:
+``exited``, ``unknown`` or ``offline``, never ``running``), ``late_lists`` (a new instance is left out of
+that many lists), ``stuck`` (that many instances stay
 loading), ``fail_after_create`` (creates that make the instance, then answer 503), ``show_errors`` and
-``destroy_errors`` (that many 502/503 answers), ``gone_status``; :meth:`FakeVast.preempt` stops an
+``destroy_errors`` (that many 502/503 answers); :meth:`FakeVast.preempt` stops an
 instance as Vast does an outbid interruptible one.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shlex
 import subprocess
@@ -51,6 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.fleet.cloudspec import OpenApiSpec
 from tests.fleet.fakehttp import ContainerFake, free_port
 from tests.fleet.standin_docker import hub_files
 
@@ -72,16 +85,42 @@ OFFERS = [
     _offer(1007, "RTX 3090", 24576, 860, 0.22, 0.10, reliability=0.99),
 ]
 CREATE_FIELDS = {"client_id", "image", "label", "disk", "runtype", "onstart", "args", "env", "price"}
-SSH_RUNTYPE = "ssh_direc ssh_proxy"
+SSH_RUNTYPE = "ssh_direct"
+SPEC_FILE = "vast-openapi.yaml"
 OPS = {"eq": lambda a, b: a == b, "gte": lambda a, b: a >= b, "lte": lambda a, b: a <= b,
        "in": lambda a, b: a in b}
 
 
-class FakeVast(ContainerFake):
-    """Vast's offers and instances; ``searches``, ``creates``, ``create_attempts`` and ``destroys`` record calls."""
+def parse_env(flags: str) -> dict[str, str]:
+    """The create call's ``env`` (Docker flags) as the CLI's ``parse_env`` reads it: ``-e K=V`` → ``{K: V}``,
+    ``-p A:B`` → ``{"-p A:B": "1"}``."""
+    words, env = shlex.split(flags), {}
+    for flag, value in zip(words[::2], words[1::2], strict=True):
+        assert flag in ("-e", "-p"), flags
+        if flag == "-e":
+            key, _, val = value.partition("=")
+            env[key] = val
+        else:
+            env[f"-p {value}"] = "1"
+    return env
 
-    def __init__(self, api_key: str, workdir: Path) -> None:
+
+class FakeVast(ContainerFake):
+    """Vast's offers and instances (the spec's answers); ``searches``, ``creates`` (each body as the container
+    sees it, ``env`` parsed, ``sent_env`` as sent), ``create_attempts`` and ``destroys`` record calls."""
+
+    def refuse(self, status: int, problems: list[str]) -> tuple[int, Any]:
+        return status, {"success": False, "error": "invalid_args" if status == 400 else "not_found",
+                        "msg": "; ".join(problems)}
+
+    def too_many(self, retry_after: int) -> tuple[int, Any]:
+        return 429, {"success": False, "error": "rate_limit_exceeded",
+                     "msg": "API requests too frequent endpoint threshold=2.0"}
+
+
+    def __init__(self, api_key: str, workdir: Path, spec: OpenApiSpec) -> None:
         super().__init__(api_key, workdir)
+        self.spec = spec
         self.offers = [dict(o) for o in OFFERS]
         self.instances: dict[int, dict[str, Any]] = {}
         self.searches: list[dict[str, Any]] = []
@@ -89,11 +128,15 @@ class FakeVast(ContainerFake):
         self.create_attempts: list[int] = []
         self.destroys: list[int] = []
         self.taken: set[int] = set()
+        self.min_bid_now: dict[int, float] = {}
+        self.end_as: list[str] = []
+        self.late_lists = 0
+        self.page_size = 25
+        self._hidden: dict[int, int] = {}
         self.stuck = 0
         self.fail_after_create = 0
         self.show_errors = 0
         self.destroy_errors = 0
-        self.gone_status = 404
         self.ssh_port: int | None = None
         self.ssh_keys: dict[int, str] = {}
         self.starts: dict[int, dict[str, Any]] = {}
@@ -101,8 +144,7 @@ class FakeVast(ContainerFake):
         self._ids = itertools.count(7_000_001)
         self.route("POST", "/api/v0/bundles/", self._search)
         self.route("PUT", r"/api/v0/asks/(?P<id>\d+)/", self._create)
-        self.route("GET", "/api/v0/instances/", self._list)
-        self.route("GET", r"/api/v0/instances/(?P<id>\d+)/", self._show)
+        self.route("GET", "/api/v1/instances/?", self._list)
         self.route("DELETE", r"/api/v0/instances/(?P<id>\d+)/", self._destroy)
         self.route("POST", r"/api/v0/instances/(?P<id>\d+)/ssh/", self._attach)
 
@@ -133,8 +175,8 @@ class FakeVast(ContainerFake):
 
     def _search(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         kind = body["type"]
-        assert kind in ("on-demand", "bid"), kind
-        [[order_field, direction]] = body["order"]
+        assert kind in ("ondemand", "bid"), kind
+        [order_field, direction], *_ = body["order"]
         assert direction == "asc" and isinstance(body["allocated_storage"], int | float)
         filters = {k: v for k, v in body.items() if k not in ("type", "order", "allocated_storage", "limit")}
         with self.lock:
@@ -151,19 +193,28 @@ class FakeVast(ContainerFake):
             self.create_attempts.append(offer_id)
             offer = next((o for o in self.offers if o["id"] == offer_id), None)
             if offer is None or offer_id in self.taken:
-                return 400, {"success": False, "error": "no_such_ask",
-                             "msg": f"Instance type {offer_id} is no longer available."}
+                return 404, {"success": False, "error": "invalid_args",
+                             "msg": f"error 404/3603: no_such_ask Instance type by id {offer_id} is not available."}
+            min_bid = self.min_bid_now.get(offer_id, offer["min_bid"])
+            if "price" in body and body["price"] < min_bid:
+                return 400, {"success": False, "error": "invalid_price",
+                             "msg": f"bid price {body['price']} is below the minimum bid {min_bid} of offer {offer_id}"}
             self.taken.add(offer_id)  # one machine: rented once
             instance_id = next(self._ids)
+            sent_env = body["env"]
+            body = {**body, "env": parse_env(sent_env)}  # as the container sees it
             instance = {"id": instance_id, "label": body.get("label"), "actual_status": "loading",
-                        "intended_status": "running", "cur_state": "running", "public_ipaddr": None, "ports": {},
+                        "intended_status": "running", "cur_state": "running", "public_ipaddr": "", "ports": {},
                         "dph_total": body.get("price", offer["dph_total"]), "is_bid": "price" in body,
                         "gpu_name": offer["gpu_name"], "image_uuid": body["image"], "image_runtype": body["runtype"],
                         "extra_env": [[k, v] for k, v in body["env"].items()], "onstart": body["onstart"],
                         "image_args": body.get("args", [])}
             self.instances[instance_id] = instance
-            self.creates.append(dict(body, offer_id=offer_id))
-            if self.stuck > 0:
+            self.creates.append(dict(body, offer_id=offer_id, sent_env=sent_env))
+            self._hidden[instance_id] = self.late_lists
+            if self.end_as:
+                instance.update(actual_status=self.end_as.pop(0), status_msg="the container could not start")
+            elif self.stuck > 0:
                 self.stuck -= 1
             else:
                 self._start(instance, body)
@@ -233,23 +284,33 @@ class FakeVast(ContainerFake):
             self.closed = True  # a seed wait that ends now starts no router
         super().stop()
 
-    def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
+    def _list(self, match: re.Match[str], body: Any, query: dict[str, list[str]]) -> tuple[int, Any]:
+        limit = min(int(query.get("limit", ["25"])[0]), 25, self.page_size)
+        after = int(query["after_token"][0]) if "after_token" in query else 0
+        filters = json.loads(query.get("select_filters", ["{}"])[0])
+        assert set(filters) <= {"id", "label"} and all(set(f) == {"eq"} for f in filters.values()), filters
         with self.lock:
-            return 200, {"instances": [dict(i) for i in self.instances.values() if i["cur_state"] != "unloaded"]}
+            if self.show_errors > 0 and "id" in filters:  # a look at one instance (a poll) fails
+                self.show_errors -= 1
+                return 502, {"success": False, "error": "server_error", "msg": "Bad Gateway"}
+            listed = []
+            for instance_id, row in self.instances.items():
+                if any(row.get(key) != f["eq"] for key, f in filters.items()):
+                    continue
+                if self._hidden.get(instance_id, 0) > 0:
+                    self._hidden[instance_id] -= 1  # not visible in lists yet
+                elif row["cur_state"] != "unloaded":
+                    listed.append(dict(row))
+        page = [row for row in listed if row["id"] > after][:limit]
+        more = page and any(row["id"] > page[-1]["id"] for row in listed)
+        return 200, {"success": True, "instances": page, "instances_found": len(page), "total_instances": len(listed),
+                     "next_token": str(page[-1]["id"]) if more else None}
 
     def _gone(self, instance_id: int) -> tuple[int, Any] | None:
         instance = self.instances.get(instance_id)
         if instance is None or instance["cur_state"] == "unloaded":
-            return self.gone_status, {"success": False, "error": "no_such_instance", "msg": "Instance not found."}
+            return 404, {"success": False, "error": "not_found", "msg": "Instance not found"}
         return None
-
-    def _show(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
-        with self.lock:
-            if self.show_errors > 0:
-                self.show_errors -= 1
-                return 502, {"success": False, "error": "server_error", "msg": "Bad Gateway"}
-            gone = self._gone(int(match["id"]))
-            return gone or (200, {"instances": dict(self.instances[int(match["id"])])})
 
     def _attach(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         assert set(body) == {"ssh_key"}, body

@@ -5,6 +5,14 @@ match, the decoded body and the query, and returns ``(status, body)``. Requests 
 ``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. A container
 cloud's fake (:class:`ContainerFake`) runs each container as TEI's router command line, with the
 built-in server for the router.
+
+A fake given a provider's spec (:class:`~tests.fleet.cloudspec.OpenApiSpec`, ``spec``) checks every
+request against it before any handler runs, and refuses one that breaks it with :meth:`FakeApi.refuse`
+(as the provider does); every answer it sends is checked against the spec too, and what is wrong is
+kept in ``answer_problems`` (the fixtures assert it is empty; a 5xx or 401 where the operation documents
+none is not checked). ``rate_limit`` (requests per
+``rate_window_s``) answers :meth:`FakeApi.too_many` with ``Retry-After`` past it: tests set it low
+to see the 429s, or leave it ``None``.
 """
 
 from __future__ import annotations
@@ -18,13 +26,17 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-Handler = Callable[[re.Match[str], Any, dict[str, list[str]]], tuple[int, Any]]
+from tests.fleet.cloudspec import OpenApiSpec
+
+#: a handler answers (status, body) or (status, body, headers)
+Handler = Callable[[re.Match[str], Any, dict[str, list[str]]], tuple[Any, ...]]
 
 
 class FakeApi:
@@ -35,6 +47,14 @@ class FakeApi:
         self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
         self.requests: list[tuple[str, str, Any]] = []
         self.lock = threading.RLock()
+        self.spec: OpenApiSpec | None = None
+        self.refused: list[tuple[str, str, list[str]]] = []           # requests the spec check refused
+        self.answers: list[tuple[str, str, int]] = []                 # every answer sent to a spec'd operation
+        self.answer_problems: list[str] = []                          # answers that break the spec
+        self.rate_limit: int | None = None
+        self.rate_window_s = 60.0
+        self.throttled = 0
+        self._window: list[float] = []
         fake = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -46,22 +66,40 @@ class FakeApi:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else None
+                query = parse_qs(url.query)
                 with fake.lock:
                     fake.requests.append((method, url.path, body))
+                found = fake.spec.find(method, url.path) if fake.spec is not None else None
+                headers: dict[str, str] = {}
                 if self.headers.get("Authorization") != f"Bearer {fake.api_key}":
                     status, answer = fake.unauthorized()
+                elif fake.spec is not None and found is None:
+                    status, answer = fake.refuse(404, [f"{method} {url.path}: no such operation in the spec"])
+                elif (retry_after := fake.throttle()) is not None:
+                    status, answer = fake.too_many(retry_after)
+                    headers["Retry-After"] = str(retry_after)
+                elif found is not None and (problems := fake.spec_problems(found, query, body)):
+                    with fake.lock:
+                        fake.refused.append((method, url.path, problems))
+                    status, answer = fake.refuse(fake.refusal_status(problems), problems)
                 else:
                     status, answer = 404, {"error": "no such route"}
                     for verb, pattern, handler in fake.routes:
                         match = pattern.fullmatch(url.path)
                         if verb == method and match:
-                            status, answer = handler(match, body, parse_qs(url.query))
+                            status, answer, *extra = handler(match, body, query)
+                            headers.update(*extra)
                             break
-                data = json.dumps(answer).encode()
+                content_type = fake.content_type(status)
+                if found is not None:
+                    fake.check_answer(found[0], status, answer, content_type)
+                data = b"" if status == 204 else json.dumps(answer).encode()
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))
+                    for name, value in headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
@@ -79,6 +117,9 @@ class FakeApi:
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
 
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
+
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -89,6 +130,54 @@ class FakeApi:
 
     def unauthorized(self) -> tuple[int, Any]:
         return 401, {"error": "unauthorized"}
+
+    def spec_problems(self, found: tuple[Any, dict[str, str]], query: dict[str, list[str]], body: Any) -> list[str]:
+        """What is wrong with a request by the spec (nothing without one)."""
+        assert self.spec is not None
+        operation, path_params = found
+        return self.spec.request_problems(operation, path_params, query, body)
+
+    def refusal_status(self, problems: list[str]) -> int:
+        """The status of a request the spec check refused (the provider's: 400 unless a fake says otherwise)."""
+        return 400
+
+    def refuse(self, status: int, problems: list[str]) -> tuple[int, Any]:
+        """The provider's answer to a request that breaks its spec; each fake gives its provider's shape."""
+        return status, {"error": "; ".join(problems)}
+
+    def too_many(self, retry_after: int) -> tuple[int, Any]:
+        """The provider's 429 body (``Retry-After`` is added)."""
+        return 429, {"error": "too many requests"}
+
+    def content_type(self, status: int) -> str:
+        """The media type of an answer with ``status``."""
+        return "application/json"
+
+    def throttle(self) -> int | None:
+        """``Retry-After`` seconds when this request is over ``rate_limit`` per ``rate_window_s``, else ``None``."""
+        if self.rate_limit is None:
+            return None
+        now = time.monotonic()
+        with self.lock:
+            self._window = [t for t in self._window if now - t < self.rate_window_s]
+            if len(self._window) >= self.rate_limit:
+                self.throttled += 1
+                return max(1, round(self.rate_window_s - (now - self._window[0])))
+            self._window.append(now)
+        return None
+
+    def check_answer(self, operation: Any, status: int, answer: Any, content_type: str) -> None:
+        """Keep what is wrong with an answer by the spec in ``answer_problems``."""
+        assert self.spec is not None
+        declared = operation.spec.get("responses", {})
+        if (status >= 500 or status == 401) and not ({str(status), f"{status // 100}XX", "default"} & set(declared)):
+            # a 5xx fault the test injects, or the 401 of the security scheme (a wrong key), on an operation
+            # whose spec documents none: nothing to check it against
+            return
+        problems = self.spec.response_problems(operation, status, None if status == 204 else answer, content_type)
+        with self.lock:
+            self.answers.append((operation.method, operation.template, status))
+            self.answer_problems += [f"{operation.name} {status}: {p}" for p in problems]
 
     def start(self) -> FakeApi:
         self._thread.start()
@@ -127,14 +216,23 @@ class ContainerFake(FakeApi):
         (on ``port``, else a free one); the port it listens on."""
         assert command[0] == "-k" and command[3] == "text-embeddings-router", command
         deadline, router_args = command[2], command[4:]
+        return self._serve(instance_id, name, ["timeout", "-k", "5", deadline], router_args, api_key, port)
+
+    def run_entrypoint(self, instance_id: Any, name: str, args: list[str], api_key: str,
+                       port: int | None = None) -> int:
+        """Run the image as its own entrypoint runs it (TEI's ``entrypoint.sh`` → ``text-embeddings-router
+        <args>``), with no deadline inside the container (the host holds it); the port it listens on."""
+        return self._serve(instance_id, name, [], args, api_key, port)
+
+    def _serve(self, instance_id: Any, name: str, wrapper: list[str], router_args: list[str], api_key: str,
+               port: int | None) -> int:
         port = port or free_port()
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
                  "--api-key", api_key, *router_args]
         env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
-        self.processes[instance_id] = subprocess.Popen(["timeout", "-k", "5", deadline, *serve], stdout=log,
-                                                       stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                                       start_new_session=True)
+        self.processes[instance_id] = subprocess.Popen([*wrapper, *serve], stdout=log, stderr=log,
+                                                       stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         return port
 
     def running(self) -> int:

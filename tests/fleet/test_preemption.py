@@ -1,4 +1,4 @@
-"""Spot instances taken back mid-run, on each spot-capable cloud (fake RunPod, fake Vast): the run finishes.
+"""Instances taken back mid-run (fake RunPod: a pod stopped; fake Vast: a spot instance outbid): the run finishes.
 
 The fakes stop an instance as the cloud does (RunPod: the pod ``EXITED``; Vast: the instance ``exited``,
 ``stopped``) and kill its container, the real ``teibatch serve`` process behind it. Each run has one
@@ -102,18 +102,18 @@ def check_finished_run(out: Path, summary: Any, ledger: Ledger, alive: Callable[
 
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("ray_session")
-def test_runpod_spot_pod_taken_back_at_30_and_70_percent(fake_runpod: Any, tmp_path: Path, ledger: Ledger) -> None:
-    job = spot_job(tmp_path, {"provider": "runpod", "gpu": ["RTX 4090"]})
+def test_runpod_pod_stopped_at_30_and_70_percent(fake_runpod: Any, tmp_path: Path, ledger: Ledger) -> None:
+    # RunPod's API v2 rents on-demand pods only; a pod can still be stopped under the run (EXITED)
+    job = spot_job(tmp_path, {"provider": "runpod", "gpu": ["RTX 4090"], "capacity": "on-demand"})
 
     def preempt() -> str:
         [pod] = fake_runpod.serving()
-        fake_runpod.preempt(pod)
+        fake_runpod.stop_pod(pod)
         return str(pod)
 
     reporter = PreemptAt(preempt)
     summary = run_job(load_job(job), reporter=reporter)
     assert len(reporter.taken) == 2
-    assert all(c["interruptible"] is True for c in fake_runpod.creates)
     check_finished_run(tmp_path / "out", summary, ledger, fake_runpod.alive, len(fake_runpod.creates))
 
 
@@ -185,10 +185,10 @@ def test_no_replacement_once_max_replacements_is_used_up(fake_runpod: Any, ledge
     from teibatch.fleet import LaunchSpec
     from tests.fleet.test_runpod import provider
 
-    spot = provider(ledger, capacity="spot", max_replacements=0)
+    spot = provider(ledger, max_replacements=0)
     spot.up(LaunchSpec(run_id="budget"))
     [pod] = fake_runpod.serving()
-    fake_runpod.preempt(pod)
+    fake_runpod.stop_pod(pod)
     lost = spot.lost()
     assert [s.reason for s in lost] == ["EXITED"]
     assert spot.replace(lost) == []  # nothing rented: the lost pod is given back all the same

@@ -25,7 +25,7 @@ from teibatch.fleet import ExportPlan, LaunchSpec, Ledger, running, session
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.export import export_volume
 from teibatch.fleet.offers import GpuWant, Offer
-from teibatch.fleet.providers.vast import SEED_WAIT, VastApi, VastProvider, bid_for
+from teibatch.fleet.providers.vast import SEARCH_TYPES, SEED_WAIT, VastApi, VastProvider, bid_for, docker_env
 from teibatch.fleet.shell import LocalShell, SshLogin
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
@@ -94,7 +94,7 @@ def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_p
     assert fake_vast.alive() == 0
     assert len(fake_vast.creates) == 2 and len(fake_vast.destroys) == 2
     [search] = fake_vast.searches
-    assert search["type"] == "on-demand" and search["num_gpus"] == {"eq": 1}
+    assert search["type"] == "ondemand" and search["num_gpus"] == {"eq": 1}
     assert search["gpu_name"] == {"in": list(GPUS)} and search["reliability2"] == {"gte": 0.98}
     create = fake_vast.creates[0]
     assert create["offer_id"] == 1001  # the cheapest per unit of throughput of the reliable RTX 4090s and A6000s
@@ -313,8 +313,7 @@ def test_replacements_are_bounded(fake_vast: FakeVast, ledger: Ledger) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_410_and_5xx_answers(fake_vast: FakeVast, ledger: Ledger) -> None:
-    fake_vast.gone_status = 410
+def test_gone_and_5xx_answers(fake_vast: FakeVast, ledger: Ledger) -> None:
     fake_vast.fail_after_create = 1   # made, then 503: found by its label and adopted
     fake_vast.show_errors = 2         # polls that get a 502 are tried again
     fake_vast.destroy_errors = 1      # a destroy that gets a 503 is sent again
@@ -325,8 +324,8 @@ def test_410_and_5xx_answers(fake_vast: FakeVast, ledger: Ledger) -> None:
     [instance] = fleet_.instances()
     assert instance.state.value == "destroyed"
     api = VastApi()
-    assert api.get(str(fake_vast.destroys[0])) is None  # 410 Gone: no longer there
-    api.terminate(str(fake_vast.destroys[0]))           # and destroying it again is done already
+    assert api.get(str(fake_vast.destroys[0])) is None  # no longer listed
+    api.terminate(str(fake_vast.destroys[0]))           # and destroying it again (404) is done already
     api.close()
 
 
@@ -365,7 +364,7 @@ def test_any_rents_a_bid_first_and_falls_back_to_on_demand(fake_vast: FakeVast, 
 
     first = rent("any")
     assert (first["offer_id"], first["price"]) == (1001, 0.275)  # a bid fits: interruptible first
-    assert [s["type"] for s in fake_vast.searches] == ["bid", "on-demand"]
+    assert [s["type"] for s in fake_vast.searches] == ["bid", "ondemand"]
     fake_vast.offers = [dict(o, min_bid=0.9) for o in fake_vast.offers]  # no bid fits under max_price any more
     second = rent("any2")
     assert second["offer_id"] == 1002 and "price" not in second  # on-demand (machine 1001 is rented already)
@@ -471,3 +470,98 @@ def test_the_worked_cost_example_of_the_docs(interruptible: bool, price: float, 
                          parameters=33_400_000, bench_tokens_per_s=None)
     assert card.tokens_per_s == pytest.approx(617_515, abs=1) and card.billed_seconds == 1103
     assert card.gpu_hours == pytest.approx(1.23, abs=0.005) and card.cost == pytest.approx(cost, abs=0.005)
+
+
+def _row(instance_id: int, label: str) -> dict[str, Any]:
+    return {"id": instance_id, "label": label, "actual_status": "running", "intended_status": "running",
+            "cur_state": "running", "public_ipaddr": "127.0.0.1", "ports": {}, "dph_total": 0.4}
+
+
+def test_the_instance_list_is_v1_and_followed_page_by_page(fake_vast: FakeVast) -> None:
+    fake_vast.page_size = 2
+    with fake_vast.lock:
+        for n in range(5):
+            fake_vast.instances[8_000_000 + n] = _row(8_000_000 + n, f"teibatch-paged-{n}")
+        fake_vast.instances[8_000_010] = _row(8_000_010, "someone-else")
+    api = VastApi()
+    assert sorted(i.name for i in api.list("teibatch-paged-")) == [f"teibatch-paged-{n}" for n in range(5)]
+    api.close()
+    lists = [(method, path) for method, path, _ in fake_vast.requests if "instances" in path]
+    assert lists == [("GET", "/api/v1/instances")] * 3  # 6 instances, 2 a page; never the deprecated v0 list
+
+
+@pytest.mark.timeout(60)
+def test_a_bid_under_a_risen_min_bid_tries_the_next_offer(fake_vast: FakeVast, ledger: Ledger) -> None:
+    fake_vast.min_bid_now[1001] = 0.40  # it was 0.25 when searched: the bid (0.275) is now too low
+    with running(provider(ledger, capacity="spot", gpu=("RTX 4090",)), LaunchSpec(run_id="risen")) as endpoints:
+        assert len(endpoints) == 1
+    assert fake_vast.create_attempts == [1001, 1002]  # the run goes on with the next offer
+    assert [c["offer_id"] for c in fake_vast.creates] == [1002] and fake_vast.alive() == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", [pytest.param("exited", id="exited"), pytest.param("unknown", id="unknown"),
+                                    pytest.param("offline", id="offline")])
+def test_an_instance_that_never_runs_is_given_back_at_once(fake_vast: FakeVast, ledger: Ledger, status: str) -> None:
+    fake_vast.end_as = [status]
+    with running(provider(ledger, startup_timeout=20.0), LaunchSpec(run_id="ends")) as endpoints:
+        assert len(endpoints) == 1
+    first = fake_vast.creates[0]["offer_id"]
+    assert len(fake_vast.creates) == 2 and fake_vast.alive() == 0
+    dead = min(fake_vast.instances)  # the first instance made
+    polls = [path for method, path, _ in fake_vast.requests if method == "GET" and path.endswith(f"/{dead}/")]
+    assert first == 1001 and len(polls) <= 3, polls  # seen once as it is, not polled until startup_timeout
+    record = ledger.load("ends")
+    assert record is not None and f"status {status}" in record["instances"]["teibatch-ends-0"]["error"]
+
+
+def _put(fake: FakeVast, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.request("PUT" if "asks" in path else "POST", f"{fake.api_url}{path}", json=body, timeout=10,
+                         headers={"Authorization": f"Bearer {VAST_KEY}"})
+
+
+@pytest.mark.parametrize(("path", "body", "named"), [
+    pytest.param("/bundles/", {"type": "on-demand", "limit": 5}, "$.type: 'on-demand' is not one of",
+                 id="search-type-on-demand"),
+    pytest.param("/asks/1001/", {"image": "img", "env": {"API_KEY": "k"}}, "$.env: {'API_KEY': 'k'} is not of type",
+                 id="env-as-an-object"),
+    pytest.param("/asks/1001/", {"image": "img", "runtype": "ssh_direc ssh_proxy"}, "$.runtype: 'ssh_direc ssh_proxy'",
+                 id="runtype-not-in-the-enum"),
+    pytest.param("/asks/1001/", {"label": "x"}, "$: 'image' is a required property", id="missing-image"),
+    pytest.param("/asks/x/", {"image": "img"}, "path parameter id: 'x' is not of type 'integer'", id="offer-id"),
+])
+def test_spec_check_bites(fake_vast: FakeVast, path: str, body: dict[str, Any], named: str) -> None:
+    answer = _put(fake_vast, path, body)
+    assert answer.status_code == 400, answer.text
+    refused = answer.json()
+    assert refused["success"] is False and refused["error"] == "invalid_args" and named in refused["msg"], refused
+    assert fake_vast.creates == [] and fake_vast.searches == []
+    v0 = httpx.get(f"{fake_vast.api_url}/instances/", headers={"Authorization": f"Bearer {VAST_KEY}"}, timeout=10)
+    assert v0.status_code == 404  # the deprecated v0 list is not in the spec
+
+
+def test_the_providers_requests_keep_to_the_spec(fake_vast: FakeVast, ledger: Ledger) -> None:
+    spec = fake_vast.spec
+    assert spec is not None
+    search = spec.find("POST", "/api/v0/bundles/")
+    create = spec.find("PUT", "/api/v0/asks/1001/")
+    assert search is not None and create is not None
+    api = VastApi(want=GpuWant(names=GPUS, min_vram_gb=20, max_price=0.5), capacity="any")
+    for kind in SEARCH_TYPES["any"]:
+        assert spec.request_problems(*search, {}, api.search_query(kind)) == [], kind
+    offer = next(o for o in api.offers() if o.key == "1001")
+    body = provider(ledger).instance_request("teibatch-spec-0", offer, 600)
+    assert spec.request_problems(*create, {}, {**body, "env": docker_env(body["env"])}) == []
+    assert docker_env({"API_KEY": "a b", "-p 80:80": "1"}) == "-e API_KEY='a b' -p 80:80"
+    assert fake_vast.refused == []
+    api.close()
+
+
+def test_rate_limit_answers_429_with_retry_after_within_the_spec(fake_vast: FakeVast) -> None:
+    fake_vast.rate_limit, fake_vast.rate_window_s = 1, 30.0
+    auth = {"Authorization": f"Bearer {VAST_KEY}"}
+    url = f"{fake_vast.url}/api/v1/instances?limit=25"
+    answers = [httpx.get(url, headers=auth, timeout=10) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 429]
+    assert 1 <= int(answers[1].headers["Retry-After"]) <= 30 and answers[1].json()["error"] == "rate_limit_exceeded"
+    assert fake_vast.throttled == 1 and fake_vast.answer_problems == []

@@ -1,8 +1,8 @@
-"""``teibatch plan`` per card and capacity, on a fixed price list: the fake RunPod's GPU types.
+"""``teibatch plan`` per card and capacity, on a fixed price list: two offers of the fake Vast.ai.
 
-The price list (RunPod's secure cloud, per card-hour): RTX 4090 on-demand $0.69, spot $0.35; RTX A6000
-on-demand $0.76, spot $0.39. The job: 480 tokens (40 documents of 12), ``servers.count: 2``, a startup
-budget of 60 s, billed per minute with a one-minute minimum, and measured throughputs (``--bench``) of
+The price list (per card-hour): RTX 4090 on-demand $0.69, spot $0.35 (its minimum bid, $0.318, plus
+the 10 % margin); RTX A6000 on-demand $0.76, spot $0.39. The job: 480 tokens (40 documents of 12),
+``servers.count: 2``, a startup budget of 60 s, billed per second, and measured throughputs (``--bench``) of
 2 tokens/s for the RTX 4090 and 4 for the RTX A6000, so that the time per card is minutes, not the
 minimum:
 
@@ -40,7 +40,8 @@ from teibatch.pipeline.pricing import (
     price_cards,
     pricing_lines,
 )
-from tests.fleet.fake_runpod import FakeRunPod
+from tests.fleet.cloudspec import load_spec
+from tests.fleet.fake_vast import SPEC_FILE, FakeVast, _offer
 from tests.pipeline.test_plan import A10, job_file
 
 KEY = "pricing-test-key-" + "2" * 20
@@ -50,18 +51,19 @@ RTX_4090, A6000 = "NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000"
 
 
 @pytest.fixture
-def runpod_prices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
-    fake = FakeRunPod(KEY, tmp_path / "runpod")
-    (tmp_path / "runpod").mkdir()
-    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
-    monkeypatch.setenv("TEIBATCH_RUNPOD_API_URL", fake.rest_url)
-    monkeypatch.setenv("TEIBATCH_RUNPOD_GRAPHQL_URL", fake.graphql_url)
+def spot_prices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
+    """A fake Vast.ai with two offers, on-demand and spot: a cloud that rents both capacities."""
+    (tmp_path / "vast").mkdir()
+    fake = FakeVast(KEY, tmp_path / "vast", load_spec(SPEC_FILE))
+    fake.offers = [_offer(2001, RTX_4090, 24564, 890, 0.69, 0.318), _offer(2002, A6000, 49140, 860, 0.76, 0.3545)]
+    monkeypatch.setenv("VAST_API_KEY", KEY)
+    monkeypatch.setenv("TEIBATCH_VAST_API_URL", fake.api_url)
     with fake:
         yield fake
 
 
-def runpod_job(tmp_path: Path, capacity: str, **limits: Any) -> Path:
-    return job_file(tmp_path, servers={"provider": "runpod", "count": 2, "gpu": ["RTX 4090", "A6000"],
+def spot_job(tmp_path: Path, capacity: str, **limits: Any) -> Path:
+    return job_file(tmp_path, servers={"provider": "vast", "count": 2, "gpu": [RTX_4090, A6000],
                                        "startup_timeout": 60, "capacity": capacity}, limits=limits)
 
 
@@ -71,9 +73,9 @@ def runpod_job(tmp_path: Path, capacity: str, **limits: Any) -> Path:
     pytest.param("spot", (RTX_4090, "spot"), 0.1 * 0.35, id="spot"),
     pytest.param("any", (RTX_4090, "spot"), 0.1 * 0.35, id="any-tries-spot-first"),
 ])
-def test_rows_per_card_and_capacity_and_what_the_run_rents(runpod_prices: FakeRunPod, tmp_path: Path, capacity: str,
+def test_rows_per_card_and_capacity_and_what_the_run_rents(spot_prices: FakeVast, tmp_path: Path, capacity: str,
                                                            run: tuple[str, str], run_cost: float) -> None:
-    estimate = estimate_run(load_job(runpod_job(tmp_path, capacity)), bench=BENCH)
+    estimate = estimate_run(load_job(spot_job(tmp_path, capacity)), bench=BENCH)
     rows = {(c.offer.gpu, c.capacity): (c.offer.price_per_hour, c.billed_seconds, c.gpu_hours, c.cost, c.allowed)
             for c in estimate.cards}
     allows = {"on-demand": {"on-demand"}, "spot": {"spot"}, "any": {"on-demand", "spot"}}[capacity]
@@ -94,7 +96,7 @@ def test_rows_per_card_and_capacity_and_what_the_run_rents(runpod_prices: FakeRu
     document = estimate.to_json()
     jsonschema.validate(document, json.loads(SCHEMA.read_text()))
     assert document["run"]["capacity"] == run[1] and document["cheapest"]["count"] == 1
-    assert runpod_prices.creates == []   # planning rents nothing
+    assert spot_prices.creates == []   # planning rents nothing
 
 
 @pytest.mark.timeout(60)
@@ -103,9 +105,9 @@ def test_rows_per_card_and_capacity_and_what_the_run_rents(runpod_prices: FakeRu
     pytest.param("150s", (A6000, "spot", 2, (0.2 / 3) * 0.39), id="two-cards-to-be-in-time"),
     pytest.param("100s", None, id="none-is-in-time"),
 ])
-def test_the_cheapest_combination_within_max_runtime(runpod_prices: FakeRunPod, tmp_path: Path, max_runtime: str,
+def test_the_cheapest_combination_within_max_runtime(spot_prices: FakeVast, tmp_path: Path, max_runtime: str,
                                                      cheapest: tuple[str, str, int, float] | None) -> None:
-    estimate = estimate_run(load_job(runpod_job(tmp_path, "on-demand", max_runtime=max_runtime)), bench=BENCH)
+    estimate = estimate_run(load_job(spot_job(tmp_path, "on-demand", max_runtime=max_runtime)), bench=BENCH)
     assert estimate.pricing is not None
     best = estimate.pricing.cheapest
     if cheapest is None:
@@ -129,19 +131,19 @@ def test_cheapest_combination_prefers_the_faster_of_equal_costs() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_max_cost_holds_the_capacity_the_run_rents(runpod_prices: FakeRunPod, tmp_path: Path) -> None:
+def test_max_cost_holds_the_capacity_the_run_rents(spot_prices: FakeVast, tmp_path: Path) -> None:
     # limit $0.05: 2 × RTX 4090 on-demand ($0.069) is refused; on spot ($0.035) it is not
-    on_demand = load_job(runpod_job(tmp_path, "on-demand", max_cost=0.05))
+    on_demand = load_job(spot_job(tmp_path, "on-demand", max_cost=0.05))
     with pytest.raises(JobSpecError, match=r"about \$0\.07 \(2 × NVIDIA GeForce RTX 4090 on-demand.*\(\$0\.05\)"):
         check_cost_limit(on_demand, estimate_run(on_demand, bench=BENCH))
     for capacity in ("spot", "any"):
-        job = load_job(runpod_job(tmp_path, capacity, max_cost=0.05))
+        job = load_job(spot_job(tmp_path, capacity, max_cost=0.05))
         check_cost_limit(job, estimate_run(job, bench=BENCH))
 
 
 @pytest.mark.timeout(60)
-def test_plan_command_per_card_and_capacity(runpod_prices: FakeRunPod, tmp_path: Path) -> None:
-    job = str(runpod_job(tmp_path, "any", max_runtime="150s"))
+def test_plan_command_per_card_and_capacity(spot_prices: FakeVast, tmp_path: Path) -> None:
+    job = str(spot_job(tmp_path, "any", max_runtime="150s"))
     bench = ["--bench", "RTX 4090=2", "--bench", "A6000=4"]
     text = CliRunner().invoke(plan, [job, *bench])
     assert text.exit_code == 0, text.output
@@ -149,8 +151,8 @@ def test_plan_command_per_card_and_capacity(runpod_prices: FakeRunPod, tmp_path:
     spot = next(line for line in lines if RTX_4090 in line and " spot " in line)
     # $0.035 (as a float a little under it) rounded to the cent
     assert " spot      $  0.35 " in spot and "2 (bench measurement)   3m00s   0.10 $   0.03" in spot
-    assert "run: 2 × NVIDIA GeForce RTX 4090 spot (the offer it tries first): 0.10 GPU-h, $0.03" in text.output
-    assert ("cheapest within limits.max_runtime (2m30s): 2 × NVIDIA RTX A6000 spot: 2m00s per card, $0.03"
+    assert "run: 2 × NVIDIA GeForce RTX 4090 (2001) spot (the offer it tries first): 0.10 GPU-h, $0.03" in text.output
+    assert ("cheapest within limits.max_runtime (2m30s): 2 × NVIDIA RTX A6000 (2002) spot: 2m00s per card, $0.03"
             in text.output)
     assert "cost: $0.03 (what the run rents)" in text.output
     one = CliRunner().invoke(plan, [job, "--bench", "RTX 4090=2", "--json"])   # no figure for the A6000
@@ -182,7 +184,7 @@ def test_bench_file_figures_name_their_source(tmp_path: Path) -> None:
 
 def worked_example_job(tmp_path: Path, capacity: str) -> JobSpec:
     spec = {"corpus": {"path": str(tmp_path / "corpus")}, "model": {"id": "BAAI/bge-small-en-v1.5"},
-            "servers": {"provider": "runpod", "count": 4, "gpu": ["RTX 4090", "A6000"], "capacity": capacity,
+            "servers": {"provider": "vast", "count": 4, "gpu": ["RTX 4090", "A6000"], "capacity": capacity,
                         "startup_timeout": 900},
             "output": {"path": str(tmp_path / "out")}, "export": {"waive": True},
             "limits": {"max_runtime": "25m", "max_cost": 0.50}}
@@ -192,20 +194,20 @@ def worked_example_job(tmp_path: Path, capacity: str) -> JobSpec:
 
 
 def test_the_worked_example_of_the_docs(tmp_path: Path) -> None:
-    offers = [Offer("runpod", gpu, gpu, vram, price, interruptible=spot)
+    offers = [Offer("vast", gpu, gpu, vram, price, interruptible=spot)
               for gpu, vram, prices in ((RTX_4090, 24, (0.69, 0.35)), (A6000, 48, (0.76, 0.39)))
               for price, spot in zip(prices, (False, True), strict=True)]
     pricing = price_cards(worked_example_job(tmp_path, "any"), tokens=500_000_000, parameters=33_400_000,
                           offers=offers)
     docs = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()
     example = docs.split("**A worked example** (tested)", 1)[1].split("```\n", 2)[1]
-    assert example.splitlines() == pricing_lines(pricing, "runpod", 4)
+    assert example.splitlines() == pricing_lines(pricing, "vast", 4)
     cheapest = pricing.cheapest
-    assert cheapest is not None and (cheapest.count, cheapest.billed_seconds) == (2, 1320)
-    assert cheapest.cost == pytest.approx(2 * 1320 / 3600 * 0.35)
-    assert pricing.run is not None and pricing.run.cost == pytest.approx(4 * 1140 / 3600 * 0.35)
+    assert cheapest is not None and (cheapest.count, cheapest.billed_seconds) == (2, 1305)
+    assert cheapest.cost == pytest.approx(2 * 1305 / 3600 * 0.35)
+    assert pricing.run is not None and pricing.run.cost == pytest.approx(4 * 1103 / 3600 * 0.35)
     check_max_cost(worked_example_job(tmp_path, "any"), pricing.run)
     on_demand = worked_example_job(tmp_path, "on-demand")
     run = price_cards(on_demand, tokens=500_000_000, parameters=33_400_000, offers=offers).run
-    with pytest.raises(JobSpecError, match=r"about \$0\.87 .*on-demand.*over limits\.max_cost \(\$0\.50\)"):
+    with pytest.raises(JobSpecError, match=r"about \$0\.85 .*on-demand.*over limits\.max_cost \(\$0\.50\)"):
         check_max_cost(on_demand, run)

@@ -125,10 +125,11 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         gpu = gpu_info(offer)
         assert gpu is not None  # choose_offers kept only cards of a known compute capability
         choice = choose_image(gpu, override=self.image)
-        command = ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", image_table().entrypoint]
-        if self.model_id:
-            command += ["--model-id", self.model_id]
-        return choice, [*command, *self.server_args]
+        return choice, ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", image_table().entrypoint, *self.router_args()]
+
+    def router_args(self) -> list[str]:
+        """The arguments of TEI's router for this run: ``--model-id <model>`` and ``servers.server_args``."""
+        return [*(["--model-id", self.model_id] if self.model_id else []), *self.server_args]
 
     def up(self, spec: LaunchSpec | None = None) -> list[Endpoint]:
         spec = spec or LaunchSpec(run_id=new_run_id())

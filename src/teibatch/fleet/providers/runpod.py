@@ -1,153 +1,139 @@
 """Provider ``runpod``: the rented container *is* TEI — a RunPod GPU pod running the image for its card.
 
-RunPod's APIs, the calls used (shapes from the REST API reference ``docs.runpod.io/api-reference``
-and the ``runpod`` Python SDK's GraphQL queries, ``runpod/api/queries/gpus.py``):
+RunPod's REST API v2 (``https://api.runpod.io/v2``, ``Authorization: Bearer <key>``; the operations and
+shapes of its OpenAPI file, ``api-reference-v2/openapi.json`` in RunPod's docs), the calls used:
 
-* GraphQL ``gpuTypes { id displayName memoryInGb securePrice communityPrice secureSpotPrice
-  communitySpotPrice lowestPrice(input: {gpuCount: 1}) { minimumBidPrice uninterruptablePrice stockStatus } }``:
-  the cards and their current prices, on-demand and spot (the REST API lists none)
-* REST ``POST /pods`` with ``name`` (``teibatch-<run id>-<n>``), ``imageName`` (from ``configs/images.yaml``
-  by the card's compute capability), ``gpuTypeIds``, ``gpuCount: 1``, ``cloudType``, ``ports: ["80/tcp"]``,
-  ``env: {"API_KEY": …}`` (TEI's ``--api-key``; the port is public), ``dockerEntrypoint: ["timeout"]`` and
-  ``dockerStartCmd`` (the host-side deadline around ``text-embeddings-router``), ``interruptible`` (``true``:
-  a spot pod), ``networkVolumeId`` and ``volumeMountPath: /data`` when the job keeps its weights in a
-  network volume; answers the Pod, its ``costPerHr`` the price it is rented at
-* REST ``GET /pods/{id}``: ``desiredStatus``, ``publicIp`` and ``portMappings`` (``{"80": <public port>}``)
-* REST ``GET /pods``: the account's pods (found again by name) · REST ``DELETE /pods/{id}``: terminate
+* ``GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=<cloud>&count=1`` (``listGpuTypes``): the
+  cards, their list price per cloud (``price.secure`` / ``price.community``, USD per GPU-hour), whether
+  the cloud has them (``secure`` / ``community``) and their pod stock now (``availability``: ``NONE``
+  is none to rent)
+* ``POST /v2/pods`` (``createPod``) with ``name`` (``teibatch-<run id>-<n>``), ``image`` (from
+  ``configs/images.yaml`` by the card's compute capability), ``gpu: {id, count: 1}``, ``cloud``
+  (``servers.cloud_type``: ``SECURE`` or ``COMMUNITY``), ``disk``, ``ports: ["80/tcp"]``, ``env:
+  {"API_KEY": …}`` (TEI's ``--api-key``: the port is public), ``args`` (TEI's router arguments, given
+  to the image's own entrypoint), ``dataCenterIds`` (``servers.regions``) and, with a network volume,
+  ``mounts: {network: [{volumeId, path: /data}]}``; answers 201 with the Pod (``cost``: the rate it is
+  billed at). A 400 is "this candidate could not be placed" (the spec: capacity and rule violations
+  share it; try the next one), a 422 a body the API refuses (never retried)
+* ``GET /v2/pods/{id}`` (``getPod``): ``status`` (``PROVISIONING``, ``STARTING``, ``RUNNING``, ``EXITED``,
+  ``ERROR``, ``TERMINATED``) and ``runtime.ports`` (``{private: 80, public: <port>, ip}``)
+* ``GET /v2/pods`` (``listPods``, not paginated): the account's pods, found again by the run's name
+  prefix · ``DELETE /v2/pods/{id}`` (``deletePod``, 204; 404: already gone): terminate
 
-**Spot pods.** ``servers.capacity: spot`` rents interruptible pods: ``POST /pods`` with ``interruptible:
-true``, at the card's current spot price (``secureSpotPrice`` / ``communitySpotPrice`` by
-``servers.cloud_type``; ``lowestPrice.minimumBidPrice`` for ``ALL``). RunPod's GraphQL mutation
-``podRentInterruptable(input: PodRentInterruptableInput!)`` takes an explicit ``bidPerGpu`` (as SkyPilot's
-``sky/provision/runpod/api/pods.py`` sends it), but its input sets the container's command only
-(``dockerArgs``), not its entrypoint, so the host-side deadline could not be kept; the REST call takes no
-bid. So ``max_price`` caps the bid in two places: a card whose spot price is over it is not tried, and a
-pod whose ``costPerHr`` comes back over it (the price rose since the query) is terminated at once and
-the next offer tried. ``any`` tries every spot offer first, then on-demand ones; "no capacity" moves on.
+Errors are ``application/problem+json`` (``title``, ``status``, ``detail``, ``errors``); unknown request
+fields are refused by name. v2 has neither an interruptible (spot) option nor an entrypoint override:
+``servers.capacity`` is ``on-demand`` only (the job file says so), and the image's own entrypoint runs
+with our ``args``, so no deadline runs inside the pod. The run's deadline holds from the host side:
+the driver terminates every pod of the run at its deadline and on teardown, and ``teibatch fleet
+sweep`` terminates, from the ledger, what a driver that died left.
 
 The key is ``$RUNPOD_API_KEY`` or ``api_key`` in ``~/.runpod/config.toml`` (what ``runpod config``
-writes). ``$TEIBATCH_RUNPOD_API_URL`` and ``$TEIBATCH_RUNPOD_GRAPHQL_URL`` replace the APIs' addresses
-(tests, proxies). There is no shell on the pod: the only export is a network volume, which teibatch
-never deletes; without one the job must waive the export (the container disk goes with the pod).
+writes). ``$TEIBATCH_RUNPOD_API_URL`` replaces the API's address (tests, proxies). There is no shell on
+the pod: the only export is a network volume, which teibatch never deletes; without one the job must
+waive the export (the container disk goes with the pod).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from teibatch.errors import CapacityUnavailable, FleetError
 from teibatch.fleet.catalog import billing_rules
-from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, message_of, read_api_key
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.images import CONTAINER_PORT
 from teibatch.fleet.offers import Offer
 from teibatch.fleet.rental import CloudApi, CloudInstance, CloudState
 
-DEFAULT_API_URL = "https://rest.runpod.io/v1"
-DEFAULT_GRAPHQL_URL = "https://api.runpod.io/graphql"
+DEFAULT_API_URL = "https://api.runpod.io/v2"
 API_URL_ENV = "TEIBATCH_RUNPOD_API_URL"
-GRAPHQL_URL_ENV = "TEIBATCH_RUNPOD_GRAPHQL_URL"
 API_KEY_ENV = "RUNPOD_API_KEY"
 API_KEY_FILE = Path("~/.runpod/config.toml")
+CLOUDS = ("SECURE", "COMMUNITY")  # the v2 spec's Cloud enum (servers.cloud_type)
 DEFAULT_CONTAINER_DISK_GB = 40
 VOLUME_MOUNT = "/data"           # where TEI images keep the Hugging Face cache
-_CAPACITY_WORDS = ("no longer any instances available", "no instances available", "not enough", "out of stock",
-                   "insufficient capacity", "there are no")
-_STATES = {"RUNNING": CloudState.PENDING, "CREATED": CloudState.PENDING, "RESTARTING": CloudState.PENDING,
-           "EXITED": CloudState.FAILED, "DEAD": CloudState.FAILED, "TERMINATED": CloudState.GONE}
-#: servers.cloud_type → the gpuTypes fields of its on-demand and spot prices (ALL: lowestPrice's, either cloud)
-_PRICE_FIELDS = {"SECURE": ("securePrice", "secureSpotPrice"), "COMMUNITY": ("communityPrice", "communitySpotPrice")}
-GPU_TYPES_QUERY = """query GpuTypes($lowest: GpuLowestPriceInput!) {
-  gpuTypes {
-    id
-    displayName
-    memoryInGb
-    securePrice
-    communityPrice
-    secureSpotPrice
-    communitySpotPrice
-    lowestPrice(input: $lowest) { minimumBidPrice uninterruptablePrice stockStatus }
-  }
-}"""
+_STATES = {"PROVISIONING": CloudState.PENDING, "STARTING": CloudState.PENDING, "RUNNING": CloudState.PENDING,
+           "EXITED": CloudState.FAILED, "ERROR": CloudState.FAILED, "TERMINATED": CloudState.GONE}
 
 
 def _classify(status: int, body: Any) -> type[FleetError]:
-    text = message_of(body).lower()
-    return CapacityUnavailable if any(word in text for word in _CAPACITY_WORDS) else FleetError
+    """400 from RunPod: the candidate could not be placed (no capacity, as the spec says to read it)."""
+    return CapacityUnavailable if status == 400 else FleetError
 
 
 class RunPodApi(CloudApi):
-    """RunPod's REST API for pods and its GraphQL API for GPU prices, as much as renting needs."""
+    """RunPod's REST API v2 for the GPU catalog and pods, as much as renting needs."""
 
     name = "runpod"
 
     def __init__(self, *, cloud_type: str = "SECURE", base_url: str | None = None,
                  timeout: float = DEFAULT_API_TIMEOUT_S) -> None:
+        if cloud_type not in CLOUDS:
+            raise FleetError(f"runpod: cloud {cloud_type!r} is not one of {', '.join(CLOUDS)}")
         key = read_api_key("RunPod", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
         self.cloud_type = cloud_type
         self.billing = billing_rules()["runpod"]
-        self._rest = ApiClient("runpod", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
-                               timeout=timeout)
-        self._graphql = ApiClient("runpod", api_url(GRAPHQL_URL_ENV, DEFAULT_GRAPHQL_URL), key,
-                                  classify=_classify, timeout=timeout)
+        self._client = ApiClient("runpod", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key,
+                                 classify=_classify, timeout=timeout)
 
     def __repr__(self) -> str:
-        return f"RunPodApi({self._rest.base_url!r})"
+        return f"RunPodApi({self._client.base_url!r}, cloud={self.cloud_type!r})"
 
     def close(self) -> None:
-        self._rest.close()
-        self._graphql.close()
+        self._client.close()
 
     def offers(self) -> list[Offer]:
-        """Every card in stock, at most twice: on-demand, and spot where RunPod gives a spot price for it."""
-        answer = self._graphql.call("POST", self._graphql.base_url, what="list GPU types",
-                                    json={"query": GPU_TYPES_QUERY, "variables": {"lowest": {"gpuCount": 1}}})
-        if answer.get("errors"):
-            raise FleetError(f"runpod: list GPU types: {message_of(answer)}")
+        """Every card of ``cloud_type`` with pods in stock now, at its list price there."""
+        query = urlencode({"include": "AVAILABILITY", "product": "POD", "cloud": self.cloud_type, "count": 1})
+        answer = self._client.call("GET", f"/catalog/gpus?{query}", what="list GPU types")
+        cloud = self.cloud_type.lower()
         offers = []
-        on_demand_field, spot_field = _PRICE_FIELDS.get(self.cloud_type, (None, None))
-        for gpu in answer["data"]["gpuTypes"]:
-            lowest = gpu.get("lowestPrice") or {}
-            if not lowest.get("stockStatus"):
-                continue  # none to rent now
-            prices = {False: gpu.get(on_demand_field) if on_demand_field else lowest.get("uninterruptablePrice"),
-                      True: gpu.get(spot_field) if spot_field else lowest.get("minimumBidPrice")}
-            offers += [Offer(cloud="runpod", key=str(gpu["id"]), gpu=str(gpu["id"]), vram_gb=int(gpu["memoryInGb"]),
-                             price_per_hour=float(price), interruptible=interruptible)
-                       for interruptible, price in prices.items() if price]
+        for gpu in answer.get("gpus") or []:
+            price = (gpu.get("price") or {}).get(cloud)
+            if not gpu.get(cloud) or gpu.get("availability") in (None, "NONE") or not price:
+                continue  # not in this cloud, or none to rent now
+            offers.append(Offer(cloud="runpod", key=str(gpu["id"]), gpu=str(gpu["id"]), vram_gb=int(gpu["memory"]),
+                                price_per_hour=float(price)))
         return offers
 
     def create(self, body: Mapping[str, Any]) -> CloudInstance:
-        """``POST /pods``: the pod as the answer shows it (its ``price_per_hour`` is what it is rented at)."""
-        pod = self._rest.call("POST", "/pods", what=f"create pod {body['name']} on {body['gpuTypeIds'][0]}",
-                              json=dict(body))
+        """``POST /v2/pods``: the pod as the answer shows it (its ``price_per_hour`` is what it is billed at)."""
+        pod = self._client.call("POST", "/pods", what=f"create pod {body['name']} on {body['gpu']['id']}",
+                                json=dict(body))
         return self._instance(pod)
 
     @staticmethod
     def _instance(pod: Mapping[str, Any]) -> CloudInstance:
-        status = str(pod.get("desiredStatus", ""))
+        status = str(pod.get("status", ""))
         state = _STATES.get(status, CloudState.UNKNOWN)
-        ports = {int(k): int(v) for k, v in (pod.get("portMappings") or {}).items()}
-        if state is CloudState.PENDING and status == "RUNNING" and pod.get("publicIp") and CONTAINER_PORT in ports:
+        ports, address = {}, None
+        for port in (pod.get("runtime") or {}).get("ports") or []:
+            if port.get("public") and port.get("ip") and port.get("private") is not None:
+                ports[int(port["private"])] = int(port["public"])
+                if int(port["private"]) == CONTAINER_PORT:
+                    address = str(port["ip"])
+        if state is CloudState.PENDING and status == "RUNNING" and address:
             state = CloudState.READY
-        price = pod.get("costPerHr")
+        price = pod.get("cost")
         return CloudInstance(id=str(pod["id"]), name=str(pod.get("name") or ""), state=state, status=status,
-                             address=pod.get("publicIp") or None, ports=ports,
-                             price_per_hour=float(price) if price is not None else None)
+                             address=address, ports=ports, price_per_hour=float(price) if price is not None else None)
 
     def get(self, instance_id: str) -> CloudInstance | None:
-        pod = self._rest.call("GET", f"/pods/{instance_id}", what="get pod", missing_ok=True)
+        pod = self._client.call("GET", f"/pods/{instance_id}", what="get pod", missing_ok=True)
         return self._instance(pod) if pod else None
 
     def list(self, prefix: str) -> list[CloudInstance]:
-        pods = self._rest.call("GET", "/pods", what="list pods")
-        return [self._instance(p) for p in pods if str(p.get("name") or "").startswith(prefix)
-                and p.get("desiredStatus") != "TERMINATED"]
+        """The account's pods named ``prefix…`` (``GET /v2/pods`` answers them all at once)."""
+        answer = self._client.call("GET", "/pods", what="list pods")
+        return [self._instance(p) for p in answer.get("pods") or [] if str(p.get("name") or "").startswith(prefix)
+                and p.get("status") != "TERMINATED"]
 
     def terminate(self, instance_id: str) -> None:
-        self._rest.call("DELETE", f"/pods/{instance_id}", what=f"terminate pod {instance_id}", missing_ok=True)
+        self._client.call("DELETE", f"/pods/{instance_id}", what=f"terminate pod {instance_id}", missing_ok=True)
 
 
 class RunPodProvider(ContainerCloudProvider):
@@ -155,8 +141,7 @@ class RunPodProvider(ContainerCloudProvider):
 
     Pods are the servers and hold nothing to export (the weights live in the network volume, kept,
     when the job names one), so ``down`` terminates them (:mod:`~teibatch.fleet.containercloud`).
-    ``capacity``: ``on-demand``; ``spot`` (interruptible pods, at most ``max_price``); or ``any`` (spot
-    offers first, on-demand ones after them when no spot pod can be had).
+    On-demand only: RunPod's API v2 rents no interruptible pods.
     """
 
     name = "runpod"
@@ -174,32 +159,25 @@ class RunPodProvider(ContainerCloudProvider):
 
     def create(self, name: str, offer: Offer, deadline_s: int) -> str:
         assert isinstance(self.api, RunPodApi)
-        pod = self.api.create(self.pod_request(name, offer, deadline_s))
-        cap, price = self.want.max_price, pod.price_per_hour
-        if offer.interruptible and cap is not None and price is not None and price > cap:
-            # no bid on the REST call: a spot price that rose over the cap since the query is refused here
-            try:
-                self.api.terminate(pod.id)
-            except FleetError as exc:
-                raise FleetError(f"runpod: spot pod {name} ({pod.id}) came at ${price:.3f}/h, over servers.max_price "
-                                 f"(${cap:.3f}), and could not be terminated: {exc}; teardown terminates it") from exc
-            raise CapacityUnavailable(f"runpod: the spot price of {offer.gpu} is ${price:.3f}/h now, over "
-                                      f"servers.max_price (${cap:.3f}): pod {pod.id} terminated")
-        if price is not None and price != offer.price_per_hour and self._rental is not None:
-            self._rental.note(name, None, price_per_hour=price)   # the cost line counts what the pod is rented at
+        pod = self.api.create(self.pod_request(name, offer))
+        if pod.price_per_hour is not None and pod.price_per_hour != offer.price_per_hour and self._rental is not None:
+            self._rental.note(name, None, price_per_hour=pod.price_per_hour)  # the cost line counts the billed rate
         return pod.id
 
-    def pod_request(self, name: str, offer: Offer, deadline_s: int) -> dict[str, Any]:
-        """The ``POST /pods`` body for ``offer``: TEI's image for the card, behind the host-side deadline."""
-        image, command = self.router_command(offer, deadline_s)
+    def pod_request(self, name: str, offer: Offer) -> dict[str, Any]:
+        """The ``POST /v2/pods`` body for ``offer``: TEI's image for the card, its own entrypoint, our args.
+
+        No deadline runs in the pod (v2 has no entrypoint override): the host side holds it
+        (see the module docstring).
+        """
+        image, _ = self.router_command(offer, 0)
         body: dict[str, Any] = {
-            "name": name, "imageName": image.image, "gpuTypeIds": [offer.key], "gpuCount": 1,
-            "cloudType": getattr(self.api, "cloud_type", "SECURE"), "containerDiskInGb": self.container_disk_gb,
-            "volumeInGb": 0, "ports": [f"{CONTAINER_PORT}/tcp"], "supportPublicIp": True,
-            "interruptible": offer.interruptible,
-            "env": {"API_KEY": self.api_key}, "dockerEntrypoint": ["timeout"], "dockerStartCmd": command}
+            "name": name, "image": image.image, "gpu": {"id": offer.key, "count": 1},
+            "cloud": getattr(self.api, "cloud_type", "SECURE"), "disk": self.container_disk_gb,
+            "ports": [f"{CONTAINER_PORT}/tcp"], "env": {"API_KEY": self.api_key},
+            "args": shlex.join(self.router_args())}
         if self.want.regions:
             body["dataCenterIds"] = list(self.want.regions)
         if self.network_volume_id:
-            body.update(networkVolumeId=self.network_volume_id, volumeMountPath=VOLUME_MOUNT)
+            body["mounts"] = {"network": [{"volumeId": self.network_volume_id, "path": VOLUME_MOUNT}]}
         return body

@@ -3,40 +3,48 @@
 Vast.ai's REST API (``https://console.vast.ai/api/v0``, ``Authorization: Bearer <key>``), the calls
 used, with the shapes of its API reference (``docs.vast.ai/api-reference``: search offers, create
 instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python`` CLI (``vast.py``:
-``search__offers``, ``create__instance``, ``show__instances``, ``destroy_instance``):
+``search__offers``, ``create__instance``, ``show__instances``, ``destroy_instance``); the bodies and
+queries keep to Vast's OpenAPI file (``api-reference/openapi.yaml``; the tests' fake checks each):
 
 * ``POST /bundles/`` with a query ``{field: {op: value}}``: ``verified``, ``external``, ``rentable``,
   ``rented``, ``num_gpus == 1``, ``compute_cap >= 750`` (TEI's minimum, ×100), ``reliability2 >=``
   ``servers.min_reliability``, ``gpu_name in servers.gpu``, ``gpu_ram >= min_vram_gb`` (MB, as the CLI
   sends it), ``dph_total <= max_price`` (on-demand) or ``min_bid <= max_price`` (interruptible),
-  ``type: on-demand | bid``, ``order``, ``allocated_storage`` (the disk, priced in ``dph_total``),
+  ``type: ondemand | bid``, ``order`` (price, then reliability: the spec wants two sort entries),
+  ``allocated_storage`` (the disk, priced in ``dph_total``),
   ``limit``: answers ``{"offers": [{id, gpu_name, num_gpus, gpu_ram (MB), compute_cap, dph_total,
   min_bid, reliability2, ...}]}``; each offer is one machine, rentable once
 * ``PUT /asks/{offer id}/`` with ``client_id: "me"``, ``image`` (TEI's image for the offer's
-  ``compute_cap``), ``label`` (``teibatch-<run id>-<n>``), ``disk``, ``env`` ``{"API_KEY": …,
-  "-p 80:80": "1"}`` (TEI's ``--api-key``: the port is public), for an interruptible instance ``price``
+  ``compute_cap``), ``label`` (``teibatch-<run id>-<n>``), ``disk``, ``env`` ``"-e API_KEY=… -p 80:80"``
+  (Docker flags, :func:`docker_env`; TEI's ``--api-key``: the port is public), for an interruptible instance ``price``
   (the bid, $/hour), and the launch (the API reference's "launch modes"):
 
   - without an export, ``runtype: "args"`` (the image as is, no SSH), ``onstart: "timeout"`` (the
     entrypoint of an args launch, as the CLI's ``--entrypoint`` sends it) and ``args`` (the host-side
     deadline around ``text-embeddings-router``);
-  - with ``export.to`` or ``export.import_from``, ``runtype: "ssh_direc ssh_proxy"`` (what the CLI's
-    ``--ssh --direct`` sends: Vast's entrypoint replaces the image's and runs sshd, mapping the
+  - with ``export.to`` or ``export.import_from``, ``runtype: "ssh_direct"`` (the spec's name for the
+    CLI's ``--ssh --direct``: Vast's entrypoint replaces the image's and runs sshd, mapping the
     container's port 22 to a host port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's
     router started in the background under the same deadline, ``--huggingface-hub-cache`` naming the
     model directory; with ``import_from``, only once teibatch has seeded that directory, see
     :func:`onstart_line`);
 
-  answers ``{"success": true, "new_contract": id}``; an offer already taken answers an error
-  ``no_such_ask`` (4xx)
+  answers ``{"success": true, "new_contract": id}``; an offer already taken answers 404 or 410 with
+  ``no_such_ask`` in its message
 * ``POST /instances/{id}/ssh/`` with ``{"ssh_key": "<public key>"}`` (the CLI's ``attach ssh``): the
   key ``root`` logs in with; the direct connection is ``root@<public_ipaddr>`` on the host port of
   ``ports["22/tcp"]`` (the CLI's ``ssh-url``)
-* ``GET /instances/{id}/``: ``{"instances": {actual_status, intended_status, cur_state, label,
-  image_runtype, public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}], "22/tcp": [...]},
-  dph_total}}``
-* ``GET /instances/``: ``{"instances": [...]}`` (found again by label) · ``DELETE /instances/{id}/``
-  (404 or 410: already gone)
+* ``GET /api/v1/instances?limit=25[&after_token=…][&select_filters={"id": {"eq": id}}]`` (the v0 list,
+  ``GET /instances/``, is deprecated): ``{"instances": [{actual_status, intended_status, cur_state,
+  label, image_runtype, public_ipaddr, ports: {"80/tcp": [{"HostIp", "HostPort"}], "22/tcp": [...]},
+  dph_total}, ...], "next_token": …}``, 25 a page, followed until ``next_token`` is ``null``; the run's
+  instances are found again by label, one instance by its id (v0's ``GET /instances/{id}/`` is not
+  used: its spec gives ``ports`` as a list of numbers, without the host ports) · ``DELETE
+  /instances/{id}/`` (404: already gone)
+* an ``actual_status`` of ``exited``, ``stopped``, ``offline`` or ``unknown`` never becomes ``running``:
+  such an instance is given back at once, not waited for until ``startup_timeout``
+* a bid below the offer's minimum bid now (it rose since the search) answers ``invalid_price``: like
+  an offer taken, the next offer is tried
 
 The key is ``$VAST_API_KEY``, else the CLI's key file (``~/.config/vastai/vast_api_key``, or the
 older ``~/.vast_api_key``). ``$TEIBATCH_VAST_API_URL`` replaces the API's address (tests, proxies).
@@ -48,15 +56,18 @@ model directory from that export before TEI starts, so it downloads nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import posixpath
+import re
 import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
@@ -83,7 +94,8 @@ DEFAULT_DISK_GB = 40
 BID_MARGIN = 0.10          # the bid: the offer's minimum bid plus 10 %, never over servers.max_price
 SEARCH_LIMIT = 64
 SSH_PORT = 22
-SSH_RUNTYPE = "ssh_direc ssh_proxy"   # the CLI's --ssh --direct: a direct connection, the proxy as a fallback
+SSH_RUNTYPE = "ssh_direct"   # an SSH launch with a direct connection (the spec's runtype enum; the CLI sends
+                             # "ssh_direc ssh_proxy", which the enum does not hold)
 SSH_USER = "root"                      # who Vast's SSH launch lets in with the attached key
 DEFAULT_MODEL_DIR = "/data"            # TEI's --huggingface-hub-cache in its images (HUGGINGFACE_HUB_CACHE)
 TEI_LOG = "/var/log/teibatch-tei.log"  # where TEI's output goes on an SSH instance (not in the model directory)
@@ -91,14 +103,18 @@ SEED_MARKER = ".teibatch-seeded-{name}"  # in the model directory: written once 
 #: onstart's wait for the seed: until the marker ($1) exists or $2 seconds passed; then the marker goes, TEI starts
 SEED_WAIT = ('n=0; while [ ! -e "$1" ] && [ "$n" -lt "$2" ]; do sleep 1; n=$((n+1)); done; '
              'rm -f "$1"; shift 2; exec "$@"')
-_TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented")
+#: an offer gone (taken), or bid under its minimum bid now (invalid_price): either way, try the next offer
+_TAKEN_WORDS = ("no_such_ask", "no longer available", "not available", "already rented", "invalid_price")
+PAGE_LIMIT = 25            # GET /api/v1/instances: at most 25 a page
+MAX_PAGES = 400            # 10,000 instances: a bound on following next_token
 #: actual_status → state, when the contract is not released (cur_state "unloaded": gone)
 _STATES: dict[str | None, CloudState] = {
     None: CloudState.PENDING, "loading": CloudState.PENDING, "created": CloudState.PENDING,
     "scheduling": CloudState.PENDING, "rebooting": CloudState.PENDING, "running": CloudState.PENDING,
-    "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED}
+    "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED,
+    "unknown": CloudState.FAILED}
 #: the search types each servers.capacity asks for, in the order their offers are tried
-SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("on-demand",), "spot": ("bid",), "any": ("bid", "on-demand")}
+SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("ondemand",), "spot": ("bid",), "any": ("bid", "ondemand")}
 
 
 def _classify(status: int, body: Any) -> type[FleetError]:
@@ -154,6 +170,12 @@ def onstart_line(command: list[str], *, marker: str | None = None, wait_s: int =
     return f"nohup {shlex.join(router)} > {TEI_LOG} 2>&1 &"
 
 
+def docker_env(env: Mapping[str, str]) -> str:
+    """``env`` as the create call's ``env`` string (Docker flags, as the spec gives it): ``-e KEY=value`` for a
+    variable, the key alone for a flag such as ``-p 80:80`` (the CLI's ``{"-p 80:80": "1"}``)."""
+    return " ".join(key if key.startswith("-") else f"-e {key}={shlex.quote(value)}" for key, value in env.items())
+
+
 def bid_for(min_bid: float, max_price: float | None) -> float:
     """What to bid on an offer whose minimum bid is ``min_bid``: a margin over it, at most ``max_price``.
 
@@ -182,6 +204,7 @@ class VastApi(CloudApi):
         self.disk_gb = disk_gb
         self._client = ApiClient("vast", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
                                  timeout=timeout)
+        self._v1 = re.sub(r"/v0$", "/v1", self._client.base_url)  # the instance list is v1's
 
     def __repr__(self) -> str:
         return f"VastApi({self._client.base_url!r}, capacity={self.capacity!r})"
@@ -190,12 +213,13 @@ class VastApi(CloudApi):
         self._client.close()
 
     def search_query(self, kind: str) -> dict[str, Any]:
-        """The ``POST /bundles/`` body for search type ``kind`` (``on-demand`` or ``bid``)."""
+        """The ``POST /bundles/`` body for search type ``kind`` (``ondemand`` or ``bid``)."""
         price_field = "min_bid" if kind == "bid" else "dph_total"
         query: dict[str, Any] = {
             "verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True}, "rented": {"eq": False},
             "num_gpus": {"eq": 1}, "compute_cap": {"gte": int(float(image_table().min_compute_capability) * 100)},
-            "reliability2": {"gte": self.min_reliability}, "type": kind, "order": [[price_field, "asc"]],
+            "reliability2": {"gte": self.min_reliability}, "type": kind,
+            "order": [[price_field, "asc"], ["reliability2", "desc"]],   # the spec: at least two sort entries
             "allocated_storage": self.disk_gb, "limit": SEARCH_LIMIT}
         if self.want.names:
             query["gpu_name"] = {"in": list(self.want.names)}
@@ -222,8 +246,10 @@ class VastApi(CloudApi):
         return offers
 
     def create(self, offer: Offer, body: Mapping[str, Any]) -> str:
+        """``PUT /asks/{offer}/`` with ``body`` (its ``env`` a mapping, sent as the spec's Docker-flag string)."""
         what = f"create {body['label']} from offer {offer.label}"
-        answer = self._client.call("PUT", f"/asks/{offer.key}/", what=what, json=dict(body))
+        sent = {**body, "env": docker_env(body["env"])} if isinstance(body.get("env"), Mapping) else dict(body)
+        answer = self._client.call("PUT", f"/asks/{offer.key}/", what=what, json=sent)
         if not isinstance(answer, Mapping) or not answer.get("success") or answer.get("new_contract") is None:
             raise _classify(200, answer)(f"vast: {what}: {message_of(answer)}")
         return str(answer["new_contract"])
@@ -251,15 +277,32 @@ class VastApi(CloudApi):
                              price_per_hour=float(price) if price is not None else None)
 
     def get(self, instance_id: str) -> CloudInstance | None:
-        answer = self._client.call("GET", f"/instances/{instance_id}/", what="show instance", missing_ok=True)
-        row = answer.get("instances") if isinstance(answer, Mapping) else None
-        return self._instance(row) if isinstance(row, Mapping) and row else None
+        """The instance, from the v1 list filtered by id (where the spec documents its port mappings);
+        ``None`` once it is destroyed."""
+        if not instance_id.isdigit():
+            return None
+        rows = self._rows({"id": {"eq": int(instance_id)}}, what=f"show instance {instance_id}")
+        return self._instance(rows[0]) if rows else None
 
     def list(self, prefix: str) -> list[CloudInstance]:
-        answer = self._client.call("GET", "/instances/", what="show instances")
-        found = [self._instance(row) for row in answer.get("instances") or []
+        """The account's instances labelled ``prefix…``: every page of ``GET /api/v1/instances``."""
+        found = [self._instance(row) for row in self._rows(None, what="show instances")
                  if str(row.get("label") or "").startswith(prefix)]
         return [i for i in found if i.state is not CloudState.GONE]
+
+    def _rows(self, filters: Mapping[str, Any] | None, *, what: str) -> tuple[Mapping[str, Any], ...]:
+        """Every page of ``GET /api/v1/instances`` (``select_filters``: ``filters``), ``next_token`` followed."""
+        rows: tuple[Mapping[str, Any], ...] = ()
+        token = None
+        for _ in range(MAX_PAGES):
+            query = {"limit": PAGE_LIMIT, **({"select_filters": json.dumps(filters)} if filters else {}),
+                     **({"after_token": token} if token else {})}
+            answer = self._client.call("GET", f"{self._v1}/instances?{urlencode(query)}", what=what)
+            rows += tuple(row for row in answer.get("instances") or [] if isinstance(row, Mapping))
+            token = answer.get("next_token")
+            if not token:
+                return rows
+        raise FleetError(f"vast: {what}: more than {MAX_PAGES} pages of {PAGE_LIMIT}")
 
     def terminate(self, instance_id: str) -> None:
         self._client.call("DELETE", f"/instances/{instance_id}/", what=f"destroy instance {instance_id}",
