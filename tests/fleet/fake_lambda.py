@@ -37,6 +37,10 @@ TYPES = {
     "gpu_1x_a100_sxm4": {"gpu": "A100 (40 GB SXM4)", "cents": 129, "regions": ["us-east-1"], "gpus": 1},
     "gpu_8x_a100": {"gpu": "A100 (40 GB SXM4)", "cents": 1032, "regions": ["us-east-1"], "gpus": 8},
     "gpu_1x_v100": {"gpu": "Tesla V100 (16 GB)", "cents": 50, "regions": ["us-south-1"], "gpus": 1},
+    # an Arm machine (Grace Hopper): the cheapest per TFLOPS, and TEI has no image for it
+    "gpu_1x_gh200": {"gpu": "GH200 (96 GB)", "cents": 149, "regions": ["us-east-3"], "gpus": 1},
+    # a type whose specs carry no GPU count (the name does)
+    "gpu_8x_h100_sxm5": {"gpu": "H100 (80 GB SXM5)", "cents": 2392, "regions": ["us-east-1"], "gpus": None},
 }
 
 
@@ -74,9 +78,12 @@ class FakeLambda(FakeApi):
 
     def _kind(self, name: str) -> dict[str, Any]:
         spec = self.types[name]
-        return {"name": name, "description": f"{spec['gpus']}x {spec['gpu']}", "gpu_description": spec["gpu"],
-                "price_cents_per_hour": spec["cents"],
-                "specs": {"vcpus": 30, "memory_gib": 200, "storage_gib": 1400, "gpus": spec["gpus"]}}
+        specs = {"vcpus": 30, "memory_gib": 200, "storage_gib": 1400, "gpus": spec["gpus"]}
+        if spec["gpus"] is None:
+            del specs["gpus"]
+        count = spec["gpus"] or int(name.split("_")[1].rstrip("x"))
+        return {"name": name, "description": f"{count}x {spec['gpu']}", "gpu_description": spec["gpu"],
+                "price_cents_per_hour": spec["cents"], "specs": specs}
 
     def _types(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         data = {name: {"instance_type": self._kind(name),

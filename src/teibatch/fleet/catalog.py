@@ -134,6 +134,7 @@ class CloudCard:
     name: str
     compute_capability: str
     fp16_tflops: float | None = None
+    platform: str = "x86_64"        # the machines' CPU architecture (`uname -m`): aarch64 for Grace superchips
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ class ThroughputRule:
 @cache
 def cloud_cards() -> tuple[CloudCard, ...]:
     return tuple(CloudCard(pattern=c["pattern"], name=c["name"], compute_capability=str(c["compute_capability"]),
-                           fp16_tflops=c.get("fp16_tflops")) for c in _load("clouds.yaml")["cards"])
+                           fp16_tflops=c.get("fp16_tflops"), platform=str(c.get("platform", "x86_64")))
+                 for c in _load("clouds.yaml")["cards"])
 
 
 @cache

@@ -55,6 +55,18 @@ def _classify(status: int, body: Any) -> type[FleetError]:
     return CapacityUnavailable if any(c in code for c in _CAPACITY_CODES) else FleetError
 
 
+def gpu_count(kind: Mapping[str, Any]) -> int:
+    """The GPUs of an instance type: ``specs.gpus``, else the count in its name (``gpu_8x_a100`` → 8), else 1.
+
+    Some types come without ``specs.gpus``; reading 1 for them would rent an 8-GPU machine for one server.
+    """
+    gpus = (kind.get("specs") or {}).get("gpus")
+    if gpus is not None:
+        return int(gpus)
+    match = re.match(r"gpu_(\d+)x_", str(kind.get("name", "")))
+    return int(match.group(1)) if match else 1
+
+
 def _vram_gb(text: str) -> int:
     match = re.search(r"(\d+)\s*GB", text)
     return int(match.group(1)) if match else 0
@@ -82,7 +94,7 @@ class LambdaApi(CloudApi):
         offers = []
         for entry in data.values():
             kind = entry["instance_type"]
-            if int(kind.get("specs", {}).get("gpus", 1)) != 1:
+            if gpu_count(kind) != 1:
                 continue  # one TEI server per card: single-GPU instance types only
             gpu = kind.get("gpu_description") or kind.get("description", "")
             for region in entry.get("regions_with_capacity_available", []):
