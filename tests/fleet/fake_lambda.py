@@ -18,7 +18,9 @@ OpenAPI-generated client ``lambda-cloud-client`` (models ``LaunchInstanceRequest
 * a wrong key → 401 ``{"error": {"code": "global/invalid-api-key", "message": ...}}``
 
 Faults: ``no_capacity`` ((type, region) pairs), ``stuck`` (that many launches stay ``booting``),
-``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout).
+``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout),
+``late_listing`` (a new instance is left out of that many ``GET /instances`` answers: the list shows it
+some polls after the launch, as an eventually consistent API does).
 Every instance's ``ip`` is 127.0.0.1 (the sshd); terminating one kills the stand-in containers named like it.
 """
 
@@ -59,6 +61,7 @@ class FakeLambda(FakeApi):
         self.stuck = 0
         self.slow_launches = 0
         self.launch_delay_s = 0.0
+        self.late_listing = 0
         self.on_terminate = on_terminate
         base = "/api/v1"
         self.route("GET", f"{base}/instance-types", self._types)
@@ -110,7 +113,8 @@ class FakeLambda(FakeApi):
                 "id": instance_id, "name": body.get("name"), "ip": None, "status": "booting", "stuck": stuck,
                 "ssh_key_names": body["ssh_key_names"], "file_system_names": [], "hostname": None,
                 "region": {"name": region, "description": region}, "instance_type": self._kind(kind),
-                "jupyter_token": None, "jupyter_url": None}
+                "jupyter_token": None, "jupyter_url": None,
+                "unlisted": self.late_listing}
             self.creates.append(dict(body))
             slow = self.slow_launches > 0
             self.slow_launches -= 1 if slow else 0
@@ -121,11 +125,17 @@ class FakeLambda(FakeApi):
     def _public(self, instance: dict[str, Any]) -> dict[str, Any]:
         if instance["status"] == "booting" and not instance["stuck"]:
             instance.update(status="active", ip="127.0.0.1", hostname="127-0-0-1.cloud.lambdalabs.com")
-        return {k: v for k, v in instance.items() if k != "stuck"}
+        return {k: v for k, v in instance.items() if k not in ("stuck", "unlisted")}
 
     def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:
-            return 200, {"data": [self._public(i) for i in self.instances.values() if i["status"] != "terminated"]}
+            listed = []
+            for instance in self.instances.values():
+                if instance["unlisted"] > 0:
+                    instance["unlisted"] -= 1
+                elif instance["status"] != "terminated":
+                    listed.append(self._public(instance))
+            return 200, {"data": listed}
 
     def _get(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:
