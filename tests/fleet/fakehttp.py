@@ -4,7 +4,8 @@ A fake subclasses :class:`FakeApi` and registers ``(method, path regex) → hand
 match, the decoded body and the query, and returns ``(status, body)``. Requests without the expected
 ``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. A container
 cloud's fake (:class:`ContainerFake`) runs each container as TEI's router command line, with the
-built-in server for the router.
+built-in server for the router, and records which program each container started with
+(:attr:`ContainerFake.entrypoints`): the stand-in image's own entrypoint, or a replacement.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fleet.standin_docker import image_entrypoint
 
 Handler = Callable[[re.Match[str], Any, dict[str, list[str]]], tuple[int, Any]]
 
@@ -120,13 +123,21 @@ class ContainerFake(FakeApi):
         super().__init__(api_key)
         self.workdir = workdir
         self.processes: dict[Any, subprocess.Popen[bytes]] = {}
+        self.entrypoints: dict[str, str] = {}   # instance name → the program its container started with
+
+    def bypassed(self) -> list[str]:
+        """The instances whose container did not start with the image's own entrypoint (a CUDA image's)."""
+        own = image_entrypoint("ghcr.io/huggingface/text-embeddings-inference:89-1.9")
+        return sorted(name for name, program in self.entrypoints.items() if program != own)
 
     def run_router(self, instance_id: Any, name: str, command: list[str], api_key: str,
                    port: int | None = None) -> int:
-        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``
-        (on ``port``, else a free one); the port it listens on."""
-        assert command[0] == "-k" and command[3] == "text-embeddings-router", command
+        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, <program>, <router args>]`` (on ``port``,
+        else a free one), recording ``<program>`` (the image's ``/entrypoint.sh``, or a replacement such as
+        ``text-embeddings-router``); the port it listens on."""
+        assert command[0] == "-k" and len(command) > 3, command
         deadline, router_args = command[2], command[4:]
+        self.entrypoints[name] = command[3]
         port = port or free_port()
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),

@@ -19,13 +19,14 @@ instance, show instance(s), destroy instance) and of the ``vast-ai/vast-python``
 
   - without an export, ``runtype: "args"`` (the image as is, no SSH), ``onstart: "timeout"`` (the
     entrypoint of an args launch, as the CLI's ``--entrypoint`` sends it) and ``args`` (the host-side
-    deadline around ``text-embeddings-router``);
+    deadline around the image's own ``/entrypoint.sh``, which sets up CUDA's compat libraries and then
+    runs ``text-embeddings-router``);
   - with ``export.to`` or ``export.import_from``, ``runtype: "ssh_direc ssh_proxy"`` (what the CLI's
     ``--ssh --direct`` sends: Vast's entrypoint replaces the image's and runs sshd, mapping the
     container's port 22 to a host port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's
-    router started in the background under the same deadline, ``--huggingface-hub-cache`` naming the
-    model directory; with ``import_from``, only once teibatch has seeded that directory, see
-    :func:`onstart_line`);
+    image entrypoint ``/entrypoint.sh`` started in the background under the same deadline,
+    ``--huggingface-hub-cache`` naming the model directory; with ``import_from``, only once teibatch
+    has seeded that directory, see :func:`onstart_line`);
 
   answers ``{"success": true, "new_contract": id}``; an offer already taken answers an error
   ``no_such_ask`` (4xx)
@@ -141,7 +142,7 @@ def public_key_of(key_file: str) -> str:
 
 
 def onstart_line(command: list[str], *, marker: str | None = None, wait_s: int = 0) -> str:
-    """The ``onstart`` of an SSH launch: ``timeout`` with ``command`` (TEI's router under its deadline) in
+    """The ``onstart`` of an SSH launch: ``timeout`` with ``command`` (TEI's image entrypoint under its deadline) in
     the background, its output in :data:`TEI_LOG`.
 
     With a ``marker``, the router starts only once that file exists (teibatch writes it when the model
