@@ -16,6 +16,9 @@ OpenAPI-generated client ``lambda-cloud-client`` (models ``LaunchInstanceRequest
 * ``POST /api/v1/instance-operations/terminate`` with ``instance_ids`` →
   ``{"data": {"terminated_instances": [Instance...]}}``
 * a wrong key → 401 ``{"error": {"code": "global/invalid-api-key", "message": ...}}``
+* over the documented rate limits (about 1 request per second, 1 launch per 10 seconds: :data:`RATES`,
+  enforced once a test sets ``intervals``, see :class:`~tests.fleet.fakehttp.FakeApi`) → 429 with
+  ``Retry-After`` and ``{"error": {"code": "global/too-many-requests", "message": ...}}``
 
 Faults: ``no_capacity`` ((type, region) pairs), ``stuck`` (that many launches stay ``booting``),
 ``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout),
@@ -46,6 +49,10 @@ TYPES = {
 }
 
 
+#: Lambda's documented rate limits, as ``FakeApi.intervals``: seconds between requests (every one; launches)
+RATES = {"*": 1.0, "_launch": 10.0}
+
+
 class FakeLambda(FakeApi):
     """Lambda Cloud's instance API; ``creates`` and ``terminates`` record every call that made or ended one."""
 
@@ -73,6 +80,10 @@ class FakeLambda(FakeApi):
     def unauthorized(self) -> tuple[int, Any]:
         return 401, {"error": {"code": "global/invalid-api-key",
                                "message": "API key was invalid, expired, or deleted."}}
+
+    def too_many_requests(self) -> tuple[int, Any]:
+        return 429, {"error": {"code": "global/too-many-requests",
+                               "message": "Too many requests. Please slow down and try again."}}
 
     def alive(self) -> int:
         """Instances not terminated: the count every test ends with (0)."""

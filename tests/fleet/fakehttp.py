@@ -2,7 +2,11 @@
 
 A fake subclasses :class:`FakeApi` and registers ``(method, path regex) → handler``; a handler gets the
 match, the decoded body and the query, and returns ``(status, body)``. Requests without the expected
-``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. A container
+``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. Rate limits as the
+clouds document them: ``intervals`` (handler name, or ``*`` for every request → the least seconds between
+two requests it accepts) and ``throttle`` (handler name → answer its next that many requests with 429
+anyway); a request over a limit gets :meth:`~FakeApi.too_many_requests` with ``Retry-After`` and is
+recorded in ``limited``. A container
 cloud's fake (:class:`ContainerFake`) runs each container as TEI's router command line, with the
 built-in server for the router, and records which program each container started with
 (:attr:`ContainerFake.entrypoints`): the stand-in image's own entrypoint, or a replacement.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -19,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +43,10 @@ class FakeApi:
         self.api_key = api_key
         self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
         self.requests: list[tuple[str, str, Any]] = []
+        self.intervals: dict[str, float] = {}
+        self.throttle: dict[str, int] = {}
+        self.limited: list[tuple[str, str]] = []   # (method, path) of the requests answered 429
+        self._last: dict[str, float] = {}
         self.lock = threading.RLock()
         fake = self
 
@@ -51,6 +61,7 @@ class FakeApi:
                 body = json.loads(raw) if raw else None
                 with fake.lock:
                     fake.requests.append((method, url.path, body))
+                wait = None
                 if self.headers.get("Authorization") != f"Bearer {fake.api_key}":
                     status, answer = fake.unauthorized()
                 else:
@@ -58,11 +69,19 @@ class FakeApi:
                     for verb, pattern, handler in fake.routes:
                         match = pattern.fullmatch(url.path)
                         if verb == method and match:
-                            status, answer = handler(match, body, parse_qs(url.query))
+                            wait = fake.over_limit(handler.__name__)
+                            if wait is not None:
+                                status, answer = fake.too_many_requests()
+                                with fake.lock:
+                                    fake.limited.append((method, url.path))
+                            else:
+                                status, answer = handler(match, body, parse_qs(url.query))
                             break
                 data = json.dumps(answer).encode()
                 try:
                     self.send_response(status)
+                    if wait is not None:
+                        self.send_header("Retry-After", str(wait))
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
@@ -92,6 +111,25 @@ class FakeApi:
 
     def unauthorized(self) -> tuple[int, Any]:
         return 401, {"error": "unauthorized"}
+
+    def too_many_requests(self) -> tuple[int, Any]:
+        return 429, {"error": "too many requests"}
+
+    def over_limit(self, route: str) -> int | None:
+        """``None`` when a request to ``route`` is within the limits (it is then counted), else the whole
+        seconds its ``Retry-After`` asks to wait."""
+        with self.lock:
+            if self.throttle.get(route, 0) > 0:
+                self.throttle[route] -= 1
+                return 1
+            now = time.monotonic()
+            waits = [self._last[key] + self.intervals[key] - now for key in (route, "*")
+                     if key in self.intervals and key in self._last]
+            if any(w > 0 for w in waits):
+                return max(1, math.ceil(max(waits)))
+            for key in (route, "*"):
+                self._last[key] = now
+            return None
 
     def start(self) -> FakeApi:
         self._thread.start()

@@ -63,7 +63,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
 from teibatch.fleet.base import Capability, DestroysHosts, ExportsVolumes, InstanceState, LaunchSpec, LostServer
 from teibatch.fleet.catalog import billing_rules, image_table
-from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, Pace, api_url, message_of, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.export import export_volume, seed_volume
 from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
@@ -98,6 +98,11 @@ _STATES: dict[str | None, CloudState] = {
     None: CloudState.PENDING, "loading": CloudState.PENDING, "created": CloudState.PENDING,
     "scheduling": CloudState.PENDING, "rebooting": CloudState.PENDING, "running": CloudState.PENDING,
     "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED}
+#: Vast's per-endpoint rate limits, from its API spec: each operation's 429 answer reads "API requests too
+#: frequent endpoint threshold=<n>"; n is read as the seconds between two calls of that endpoint (the
+#: costly calls have the larger n: create 4.5, destroy 3.0, show 2.0, list 1.0). A 429 is waited out anyway.
+PACES = (Pace("PUT", "/asks/", 4.5), Pace("DELETE", "/instances/", 3.0), Pace("GET", r"/instances/\d", 2.0),
+         Pace("GET", r"/instances/?$", 1.0))
 #: the search types each servers.capacity asks for, in the order their offers are tried
 SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("on-demand",), "spot": ("bid",), "any": ("bid", "on-demand")}
 
@@ -182,7 +187,7 @@ class VastApi(CloudApi):
         self.min_reliability = min_reliability
         self.disk_gb = disk_gb
         self._client = ApiClient("vast", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
-                                 timeout=timeout)
+                                 timeout=timeout, paces=PACES)
 
     def __repr__(self) -> str:
         return f"VastApi({self._client.base_url!r}, capacity={self.capacity!r})"
