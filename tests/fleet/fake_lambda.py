@@ -24,7 +24,8 @@ Faults: ``no_capacity`` ((type, region) pairs), ``stuck`` (that many launches st
 ``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout),
 ``late_listing`` (a new instance is left out of that many ``GET /instances`` answers: the list shows it
 some polls after the launch, as an eventually consistent API does).
-Every instance's ``ip`` is 127.0.0.1 (the sshd); terminating one kills the stand-in containers named like it.
+Every instance's ``ip`` is 127.0.0.1 (the sshd); terminating one kills the stand-in containers named like
+its server (its name without the ``.<attempt>`` of a second or later create attempt).
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ class FakeLambda(FakeApi):
                     instance["status"] = "terminated"
                     self.terminates.append(instance_id)
                     if self.on_terminate and instance["name"]:
-                        self.on_terminate(instance["name"])
+                        # the VM's containers are named after its server: teibatch-<run>-<n> (no ".<attempt>")
+                        self.on_terminate(re.sub(r"\.\d+$", "", instance["name"]))
                 done.append(self._public(instance))
         return 200, {"data": {"terminated_instances": done}}

@@ -67,7 +67,7 @@ def test_full_job_rents_pods_embeds_and_terminates(fake_runpod: FakeRunPod, tmp_
     assert create["gpuTypeIds"] == ["NVIDIA GeForce RTX 4090"]  # the cheapest allowed card
     assert create["imageName"] == "ghcr.io/huggingface/text-embeddings-inference:89-1.9"  # Ada Lovelace
     assert create["ports"] == ["80/tcp"] and create["dockerEntrypoint"] == ["timeout"]
-    assert create["dockerStartCmd"][3:6] == ["text-embeddings-router", "--model-id", MODEL]
+    assert create["dockerStartCmd"][3:6] == ["/entrypoint.sh", "--model-id", MODEL]
     assert (create["networkVolumeId"], create["volumeMountPath"]) == ("vol-abc", "/data")  # the weights are kept
     assert {c["name"] for c in fake_runpod.creates} == {f"teibatch-{summary.run_id}-{i}" for i in range(2)}
     tei_key = create["env"]["API_KEY"]
