@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 POLL_S = 2.0
 WATCH_S = 10.0   # how often a run asks the cloud whether it took any serving instance back
 TERMINATE_TIMEOUT_S = 120.0
+SERVE_THREADS = 16        # instances served at once (their boot, image pull and model download overlap)
 LATE_LISTING_S = 60.0   # how long teardown looks for the instance of a create call that never answered
 NAME_PREFIX = "teibatch-"
 
@@ -145,6 +146,7 @@ class Rental:
         self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
         self._next = 0                        # the number in the next instance's name
         self.unanswered: set[str] = set()     # cloud names of create calls that never answered, none found yet
+        self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_record(cls, api: CloudApi, ledger: Ledger, record: Mapping[str, Any]) -> Rental:
@@ -235,8 +237,7 @@ class Rental:
                 break
             # each instance has startup_timeout from its own create call
             self.wait_ready(batch, max(item.started for item in batch) + startup_timeout)
-            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="serve") as pool:
-                served = list(pool.map(serve, batch))
+            served = list(self._serving().map(serve, batch))
             for item, ok in zip(batch, served, strict=True):
                 if ok:
                     healthy += 1
@@ -249,6 +250,13 @@ class Rental:
                                f"{max_replacements})")
                 break
         return reasons
+
+    def _serving(self) -> ThreadPoolExecutor:
+        """The threads that serve instances, kept until teardown: what a serve starts (an SSH tunnel) is tied
+        to its thread (it dies with it), so the threads outlive the serve calls."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=SERVE_THREADS, thread_name_prefix="serve")
+        return self._pool
 
     def find(self, name: str) -> CloudInstance | None:
         """The live instance named ``name``, looked up by name (``None``: there is none, or the API failed)."""
@@ -360,6 +368,9 @@ class Rental:
     def terminate_all(self, *, keep: Collection[str] = ()) -> list[str]:
         """Terminate every instance carrying the run's label (known ones, and any other the cloud lists: by its
         id, whatever the run remembers) but the servers named in ``keep``; return problems."""
+        if self._pool is not None:  # the run is over: nothing more is served (tunnels were closed before)
+            self._pool.shutdown(wait=False)
+            self._pool = None
         problems = []
         strays: list[Rented] = []
         try:

@@ -372,10 +372,12 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         self._shells[item.name] = shell
         self._volumes[item.name] = self.model_dir
         self._rental.note(item.name, None, shell=shell.record(), volume=self.model_dir)
-        return self._seed(item.name, shell, deadline) if self.import_from else None
+        return self._seed(item.name, shell, deadline, marker=self._seed_marker(item.cloud_name or item.name)) \
+            if self.import_from else None
 
-    def _seed(self, name: str, shell: Shell, deadline: float) -> str | None:
-        """Copy ``import_from`` into the instance's model directory (verified), then let its TEI start.
+    def _seed(self, name: str, shell: Shell, deadline: float, *, marker: str) -> str | None:
+        """Copy ``import_from`` into the instance's model directory (verified), then let its TEI start (write
+        ``marker``, the one its create call's ``onstart`` waits for: named after that call's instance).
 
         A seed that fails is logged and recorded (``import_error``) and TEI starts all the same: it
         downloads the model, as without an import. Only a marker that cannot be written gives the
@@ -391,7 +393,6 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         else:
             log.info("%s: %d files imported from %s", name, count, self.import_from)
             self._rental.note(name, None, imported=self.import_from)
-        marker = self._seed_marker(name)
         try:
             shell.run(f"mkdir -p {shlex.quote(self.model_dir)} && touch {shlex.quote(marker)}",
                       what="let TEI start (seed marker)", timeout=max(1.0, deadline - time.monotonic()))
