@@ -338,11 +338,11 @@ class Rental:
         """Which of the serving instances ``names`` the cloud took back, and its word for it: those it
         stopped (or that broke), and those it no longer knows. One listing of the run's instances, and a
         look-up of each one the listing leaves out; raises :class:`FleetError` when the cloud cannot be asked."""
-        listed = {found.name: found for found in self.api.list(self.prefix)}
+        listed = {found.id: found for found in self.api.list(self.prefix)}   # by id: names carry the attempt
         taken = []
         for name in names:
             item = self.rented[name]
-            seen = listed.get(name)
+            seen = listed.get(item.id) if item.id is not None else None
             if seen is None and item.id is not None:
                 seen = self.api.get(item.id)
             if seen is None or seen.state in (CloudState.GONE, CloudState.FAILED):
