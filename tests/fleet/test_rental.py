@@ -10,6 +10,7 @@ import pytest
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.providers.lambdacloud import LambdaApi
 from teibatch.fleet.rental import Rental
+from teibatch.fleet.sweep import sweep
 from tests.fleet.conftest import LAMBDA_KEY
 from tests.fleet.fake_lambda import FakeLambda
 
@@ -49,3 +50,19 @@ def test_an_instance_listed_only_after_its_create_timed_out_is_terminated(
     assert [c["name"] for c in fake.creates] == ["teibatch-late-0", "teibatch-late-0.1"]
     [entry] = [e for e in ledger.entries() if e.run_id == "late"]
     assert entry.state.value == "destroyed"
+
+
+@pytest.mark.timeout(60)
+def test_fleet_sweep_terminates_an_instance_listed_only_after_its_create_timed_out(
+        lambda_api: tuple[FakeLambda, LambdaApi], ledger: Ledger) -> None:
+    fake, api = lambda_api
+    fake.slow_launches, fake.launch_delay_s, fake.late_listing = 1, 3.0, 1
+    ledger.begin("swept", provider="lambda", job="swept", config={"kind": "lambda", "gpu": True, "ssh": {}},
+                 export_to=None)
+    rental = Rental(api, ledger, "swept")
+    offers = tuple(o for o in api.offers() if o.key == "gpu_1x_a10")
+    assert rental.rent("teibatch-swept-0", offers, lambda name, offer: api.launch(name, offer, "ci-key")) is not None
+    assert fake.alive() == 2   # the driver stops here (killed): nothing is torn down
+    [result] = sweep(ledger, run_id="swept", force=True, waive_export=True)
+    assert result.action == "destroyed", result
+    assert fake.alive() == 0
