@@ -18,7 +18,10 @@ OpenAPI-generated client ``lambda-cloud-client`` (models ``LaunchInstanceRequest
 * a wrong key → 401 ``{"error": {"code": "global/invalid-api-key", "message": ...}}``
 * over the documented rate limits (about 1 request per second, 1 launch per 10 seconds: :data:`RATES`,
   enforced once a test sets ``intervals``, see :class:`~tests.fleet.fakehttp.FakeApi`) → 429 with
-  ``Retry-After`` and ``{"error": {"code": "global/too-many-requests", "message": ...}}``
+  ``Retry-After`` and ``{"error": {"code": "global/too-many-requests", "message": ...}}`` (the rates are
+  Lambda's docs', as SkyPilot's ``sky/provision/lambda_cloud/lambda_utils.py`` quotes them: "~1 request
+  every second", launches "~1 request every 10 seconds"; the 429 body and header are not documented:
+  SkyPilot reads the status only, and so does teibatch)
 
 Faults: ``no_capacity`` ((type, region) pairs), ``stuck`` (that many launches stay ``booting``),
 ``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout),
