@@ -102,7 +102,9 @@ def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_p
     assert create["image"] == "ghcr.io/huggingface/text-embeddings-inference:89-1.9"  # compute_cap 890
     assert create["runtype"] == "args" and create["onstart"] == "timeout" and "price" not in create
     assert create["args"][3:6] == ["/entrypoint.sh", "--model-id", MODEL]
-    assert {c["label"] for c in fake_vast.creates} == {f"teibatch-{summary.run_id}-{i}" for i in range(2)}
+    # each create call names its instance uniquely: the second server's first offer (1001) was taken by the
+    # first server, so the instance it got comes from its second create call, "<name>.1"
+    assert {c["label"] for c in fake_vast.creates} == {f"teibatch-{summary.run_id}-0", f"teibatch-{summary.run_id}-1.1"}
     tei_key = create["env"]["API_KEY"]
     assert len(tei_key) >= 32
     record = ledger.load(summary.run_id)
