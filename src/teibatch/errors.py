@@ -37,6 +37,7 @@ The hierarchy::
         ├── GpuUnsupported      a host's GPU is refused (compute capability, image, memory)
         ├── FleetTimeout        a fleet wait passed its deadline
         ├── CloudApiError       a GPU cloud's API answered with an error (status_code; 5xx: retryable)
+        │   └── RateLimited     it kept answering 429 after the waits it asked for (retry_after)
         └── SshError            an SSH connection or a remote command failed
             ├── HostUnreachable cannot connect or log in
             ├── HostKeyRejected the host key is unknown or changed
@@ -389,6 +390,20 @@ class CloudApiError(FleetError):
     @property
     def retryable(self) -> bool:
         return self.status_code == 429 or self.status_code >= 500
+
+
+class RateLimited(CloudApiError):
+    """A GPU cloud's API kept answering 429 (too many requests) after teibatch waited as its ``Retry-After``
+    (or ``RateLimit``) header asked, for as long as it waits for one call; ``retry_after`` is the last wait
+    the cloud asked for, in seconds (``None`` when it named none).
+
+    Never read as "no capacity" nor as a failed terminate: the cloud did not process the call. A run
+    stops renting more; teardown goes on polling; ``teibatch fleet sweep`` can be run again later.
+    """
+
+    def __init__(self, message: str, *, retry_after: float | None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status_code=429)
 
 
 class SshError(FleetError):

@@ -222,8 +222,11 @@ VAST_KEY = "vast-test-key-" + "5" * 26
 
 @pytest.fixture
 def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Poll the fake clouds every 0.1 s instead of every 2 s (and look for lost instances every 0.2 s, not 10 s)."""
-    from teibatch.fleet import rental, shell
+    """Poll the fake clouds every 0.1 s instead of every 2 s (and look for lost instances every 0.2 s, not 10 s);
+    no request pacing (the fakes enforce no rate unless a test sets one)."""
+    from teibatch.fleet import cloudapi, rental, shell
+
+    monkeypatch.setattr(cloudapi.ApiClient, "pace_scale", 0.0)
 
     monkeypatch.setattr(rental, "POLL_S", 0.1)
     monkeypatch.setattr(rental, "WATCH_S", 0.2)

@@ -16,10 +16,19 @@ OpenAPI-generated client ``lambda-cloud-client`` (models ``LaunchInstanceRequest
 * ``POST /api/v1/instance-operations/terminate`` with ``instance_ids`` →
   ``{"data": {"terminated_instances": [Instance...]}}``
 * a wrong key → 401 ``{"error": {"code": "global/invalid-api-key", "message": ...}}``
+* over the documented rate limits (about 1 request per second, 1 launch per 10 seconds: :data:`RATES`,
+  enforced once a test sets ``intervals``, see :class:`~tests.fleet.fakehttp.FakeApi`) → 429 with
+  ``Retry-After`` and ``{"error": {"code": "global/too-many-requests", "message": ...}}`` (the rates are
+  Lambda's docs', as SkyPilot's ``sky/provision/lambda_cloud/lambda_utils.py`` quotes them: "~1 request
+  every second", launches "~1 request every 10 seconds"; the 429 body and header are not documented:
+  SkyPilot reads the status only, and so does teibatch)
 
 Faults: ``no_capacity`` ((type, region) pairs), ``stuck`` (that many launches stay ``booting``),
-``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout).
-Every instance's ``ip`` is 127.0.0.1 (the sshd); terminating one kills the stand-in containers named like it.
+``slow_launches``/``launch_delay_s`` (the instance is made, the answer comes late: a create timeout),
+``late_listing`` (a new instance is left out of that many ``GET /instances`` answers: the list shows it
+some polls after the launch, as an eventually consistent API does).
+Every instance's ``ip`` is 127.0.0.1 (the sshd); terminating one kills the stand-in containers named like
+its server (its name without the ``.<attempt>`` of a second or later create attempt).
 """
 
 from __future__ import annotations
@@ -37,7 +46,15 @@ TYPES = {
     "gpu_1x_a100_sxm4": {"gpu": "A100 (40 GB SXM4)", "cents": 129, "regions": ["us-east-1"], "gpus": 1},
     "gpu_8x_a100": {"gpu": "A100 (40 GB SXM4)", "cents": 1032, "regions": ["us-east-1"], "gpus": 8},
     "gpu_1x_v100": {"gpu": "Tesla V100 (16 GB)", "cents": 50, "regions": ["us-south-1"], "gpus": 1},
+    # an Arm machine (Grace Hopper): the cheapest per TFLOPS, and TEI has no image for it
+    "gpu_1x_gh200": {"gpu": "GH200 (96 GB)", "cents": 149, "regions": ["us-east-3"], "gpus": 1},
+    # a type whose specs carry no GPU count (the name does)
+    "gpu_8x_h100_sxm5": {"gpu": "H100 (80 GB SXM5)", "cents": 2392, "regions": ["us-east-1"], "gpus": None},
 }
+
+
+#: Lambda's documented rate limits, as ``FakeApi.intervals``: seconds between requests (every one; launches)
+RATES = {"*": 1.0, "_launch": 10.0}
 
 
 class FakeLambda(FakeApi):
@@ -55,6 +72,7 @@ class FakeLambda(FakeApi):
         self.stuck = 0
         self.slow_launches = 0
         self.launch_delay_s = 0.0
+        self.late_listing = 0
         self.on_terminate = on_terminate
         base = "/api/v1"
         self.route("GET", f"{base}/instance-types", self._types)
@@ -67,6 +85,10 @@ class FakeLambda(FakeApi):
         return 401, {"error": {"code": "global/invalid-api-key",
                                "message": "API key was invalid, expired, or deleted."}}
 
+    def too_many(self, retry_after: int) -> tuple[int, Any]:
+        return 429, {"error": {"code": "global/too-many-requests",
+                               "message": "Too many requests. Please slow down and try again."}}
+
     def alive(self) -> int:
         """Instances not terminated: the count every test ends with (0)."""
         with self.lock:
@@ -74,9 +96,12 @@ class FakeLambda(FakeApi):
 
     def _kind(self, name: str) -> dict[str, Any]:
         spec = self.types[name]
-        return {"name": name, "description": f"{spec['gpus']}x {spec['gpu']}", "gpu_description": spec["gpu"],
-                "price_cents_per_hour": spec["cents"],
-                "specs": {"vcpus": 30, "memory_gib": 200, "storage_gib": 1400, "gpus": spec["gpus"]}}
+        specs = {"vcpus": 30, "memory_gib": 200, "storage_gib": 1400, "gpus": spec["gpus"]}
+        if spec["gpus"] is None:
+            del specs["gpus"]
+        count = spec["gpus"] or int(name.split("_")[1].rstrip("x"))
+        return {"name": name, "description": f"{count}x {spec['gpu']}", "gpu_description": spec["gpu"],
+                "price_cents_per_hour": spec["cents"], "specs": specs}
 
     def _types(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         data = {name: {"instance_type": self._kind(name),
@@ -103,7 +128,8 @@ class FakeLambda(FakeApi):
                 "id": instance_id, "name": body.get("name"), "ip": None, "status": "booting", "stuck": stuck,
                 "ssh_key_names": body["ssh_key_names"], "file_system_names": [], "hostname": None,
                 "region": {"name": region, "description": region}, "instance_type": self._kind(kind),
-                "jupyter_token": None, "jupyter_url": None}
+                "jupyter_token": None, "jupyter_url": None,
+                "unlisted": self.late_listing}
             self.creates.append(dict(body))
             slow = self.slow_launches > 0
             self.slow_launches -= 1 if slow else 0
@@ -114,11 +140,17 @@ class FakeLambda(FakeApi):
     def _public(self, instance: dict[str, Any]) -> dict[str, Any]:
         if instance["status"] == "booting" and not instance["stuck"]:
             instance.update(status="active", ip="127.0.0.1", hostname="127-0-0-1.cloud.lambdalabs.com")
-        return {k: v for k, v in instance.items() if k != "stuck"}
+        return {k: v for k, v in instance.items() if k not in ("stuck", "unlisted")}
 
     def _list(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:
-            return 200, {"data": [self._public(i) for i in self.instances.values() if i["status"] != "terminated"]}
+            listed = []
+            for instance in self.instances.values():
+                if instance["unlisted"] > 0:
+                    instance["unlisted"] -= 1
+                elif instance["status"] != "terminated":
+                    listed.append(self._public(instance))
+            return 200, {"data": listed}
 
     def _get(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:
@@ -140,6 +172,7 @@ class FakeLambda(FakeApi):
                     instance["status"] = "terminated"
                     self.terminates.append(instance_id)
                     if self.on_terminate and instance["name"]:
-                        self.on_terminate(instance["name"])
+                        # the VM's containers are named after its server: teibatch-<run>-<n> (no ".<attempt>")
+                        self.on_terminate(re.sub(r"\.\d+$", "", instance["name"]))
                 done.append(self._public(instance))
         return 200, {"data": {"terminated_instances": done}}

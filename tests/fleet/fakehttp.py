@@ -4,21 +4,27 @@ A fake subclasses :class:`FakeApi` and registers ``(method, path regex) → hand
 match, the decoded body and the query, and returns ``(status, body)``. Requests without the expected
 ``Authorization: Bearer <key>`` get the fake's :meth:`~FakeApi.unauthorized` answer. A container
 cloud's fake (:class:`ContainerFake`) runs each container as TEI's router command line, with the
-built-in server for the router.
+built-in server for the router, and records which program each container started with
+(:attr:`ContainerFake.entrypoints`): the stand-in image's own entrypoint, or a replacement.
 
 A fake given a provider's spec (:class:`~tests.fleet.cloudspec.OpenApiSpec`, ``spec``) checks every
 request against it before any handler runs, and refuses one that breaks it with :meth:`FakeApi.refuse`
 (as the provider does); every answer it sends is checked against the spec too, and what is wrong is
 kept in ``answer_problems`` (the fixtures assert it is empty; a 5xx or 401 where the operation documents
-none is not checked). ``rate_limit`` (requests per
-``rate_window_s``) answers :meth:`FakeApi.too_many` with ``Retry-After`` past it: tests set it low
-to see the 429s, or leave it ``None``.
+none is not checked).
+
+Rate limits as the clouds document them, each answered with :meth:`FakeApi.too_many` and ``Retry-After``
+and recorded in ``limited``: ``rate_limit`` (requests per ``rate_window_s``), ``intervals`` (handler name,
+or ``*`` for every request → the least seconds between two requests it accepts) and ``forced_429``
+(handler name → answer its next that many requests with 429 anyway). Tests set them to see the 429s;
+by default there are none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -34,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fleet.cloudspec import OpenApiSpec
+from tests.fleet.standin_docker import image_entrypoint
 
 #: a handler answers (status, body) or (status, body, headers)
 Handler = Callable[[re.Match[str], Any, dict[str, list[str]]], tuple[Any, ...]]
@@ -53,8 +60,11 @@ class FakeApi:
         self.answer_problems: list[str] = []                          # answers that break the spec
         self.rate_limit: int | None = None
         self.rate_window_s = 60.0
-        self.throttled = 0
+        self.intervals: dict[str, float] = {}
+        self.forced_429: dict[str, int] = {}
+        self.limited: list[tuple[str, str]] = []   # (method, path) of the requests answered 429
         self._window: list[float] = []
+        self._last: dict[str, float] = {}
         fake = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -75,9 +85,11 @@ class FakeApi:
                     status, answer = fake.unauthorized()
                 elif fake.spec is not None and found is None:
                     status, answer = fake.refuse(404, [f"{method} {url.path}: no such operation in the spec"])
-                elif (retry_after := fake.throttle()) is not None:
+                elif (retry_after := fake.throttle(method, url.path)) is not None:
                     status, answer = fake.too_many(retry_after)
                     headers["Retry-After"] = str(retry_after)
+                    with fake.lock:
+                        fake.limited.append((method, url.path))
                 elif found is not None and (problems := fake.spec_problems(found, query, body)):
                     with fake.lock:
                         fake.refused.append((method, url.path, problems))
@@ -153,18 +165,39 @@ class FakeApi:
         """The media type of an answer with ``status``."""
         return "application/json"
 
-    def throttle(self) -> int | None:
-        """``Retry-After`` seconds when this request is over ``rate_limit`` per ``rate_window_s``, else ``None``."""
-        if self.rate_limit is None:
-            return None
+    @property
+    def throttled(self) -> int:
+        """How many requests were answered 429."""
+        return len(self.limited)
+
+    def throttle(self, method: str, path: str) -> int | None:
+        """``Retry-After`` seconds when this request is over a limit (``rate_limit`` per ``rate_window_s``,
+        its handler's ``intervals`` or ``forced_429``), else ``None`` (and the request is counted)."""
+        route = self._handler_name(method, path)
         now = time.monotonic()
         with self.lock:
-            self._window = [t for t in self._window if now - t < self.rate_window_s]
-            if len(self._window) >= self.rate_limit:
-                self.throttled += 1
-                return max(1, round(self.rate_window_s - (now - self._window[0])))
-            self._window.append(now)
+            if self.forced_429.get(route, 0) > 0:
+                self.forced_429[route] -= 1
+                return 1
+            waits = [self._last[key] + self.intervals[key] - now for key in (route, "*")
+                     if key in self.intervals and key in self._last]
+            if any(w > 0 for w in waits):
+                return max(1, math.ceil(max(waits)))
+            if self.rate_limit is not None:
+                self._window = [t for t in self._window if now - t < self.rate_window_s]
+                if len(self._window) >= self.rate_limit:
+                    return max(1, round(self.rate_window_s - (now - self._window[0])))
+                self._window.append(now)
+            for key in (route, "*"):
+                self._last[key] = now
         return None
+
+    def _handler_name(self, method: str, path: str) -> str:
+        """The name of the handler that serves ``method path`` (``""`` when none does)."""
+        for verb, pattern, handler in self.routes:
+            if verb == method and pattern.fullmatch(path):
+                return getattr(handler, "__name__", "")
+        return ""
 
     def check_answer(self, operation: Any, status: int, answer: Any, content_type: str) -> None:
         """Keep what is wrong with an answer by the spec in ``answer_problems``."""
@@ -195,6 +228,10 @@ class FakeApi:
         self.stop()
 
 
+#: the program a CUDA image of TEI starts with when nothing replaces it
+OWN_ENTRYPOINT = image_entrypoint("ghcr.io/huggingface/text-embeddings-inference:89-1.9")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -209,12 +246,19 @@ class ContainerFake(FakeApi):
         super().__init__(api_key)
         self.workdir = workdir
         self.processes: dict[Any, subprocess.Popen[bytes]] = {}
+        self.entrypoints: dict[str, str] = {}   # instance name → the program its container started with
+
+    def bypassed(self) -> list[str]:
+        """The instances whose container did not start with the image's own entrypoint (a CUDA image's)."""
+        return sorted(name for name, program in self.entrypoints.items() if program != OWN_ENTRYPOINT)
 
     def run_router(self, instance_id: Any, name: str, command: list[str], api_key: str,
                    port: int | None = None) -> int:
-        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, text-embeddings-router, <router args>]``
-        (on ``port``, else a free one); the port it listens on."""
-        assert command[0] == "-k" and command[3] == "text-embeddings-router", command
+        """Run TEI's ``timeout`` arguments ``[-k, <s>, <deadline>, <program>, <router args>]`` (on ``port``,
+        else a free one), recording ``<program>`` (the image's ``/entrypoint.sh``, or a replacement such as
+        ``text-embeddings-router``); the port it listens on."""
+        assert command[0] == "-k" and len(command) > 3, command
+        self.entrypoints[name] = command[3]
         deadline, router_args = command[2], command[4:]
         return self._serve(instance_id, name, ["timeout", "-k", "5", deadline], router_args, api_key, port)
 
@@ -222,6 +266,7 @@ class ContainerFake(FakeApi):
                        port: int | None = None) -> int:
         """Run the image as its own entrypoint runs it (TEI's ``entrypoint.sh`` → ``text-embeddings-router
         <args>``), with no deadline inside the container (the host holds it); the port it listens on."""
+        self.entrypoints[name] = OWN_ENTRYPOINT
         return self._serve(instance_id, name, [], args, api_key, port)
 
     def _serve(self, instance_id: Any, name: str, wrapper: list[str], router_args: list[str], api_key: str,

@@ -8,6 +8,11 @@ call is appended to ``calls.jsonl`` (arguments only: the API key travels in the 
 stand-in records only whether it was set). To let tests check that the key leaks nowhere, the key it
 received is written to ``witness/`` — the one place tests skip when they grep for it.
 
+The stand-in images have TEI's entrypoints (:func:`image_entrypoint`: ``/entrypoint.sh`` in the CUDA
+images, the router in the CPU ones); a container whose image entrypoint ran (as is, or as the program
+``--entrypoint timeout`` runs) is recorded as such in ``entrypoints.jsonl``, one that bypassed it too
+(:func:`record_entrypoint`), so a test fails when a provider skips it.
+
 Behaviour is set by ``$STANDIN_STATE/config.json``: ``gpu`` (nvidia-smi lines, or null: no GPU),
 ``fail_run`` (docker run fails), ``never_healthy`` (the container runs but never answers), ``run_delay_s``
 (``docker run`` takes that long first, as on a busy host: tests show they do not depend on its speed).
@@ -43,6 +48,19 @@ def record(tool: str, argv: list[str]) -> None:
     line = json.dumps({"tool": tool, "argv": argv, "api_key_in_env": bool(os.environ.get("API_KEY")),
                        "at": time.time()})
     with open(STATE / "calls.jsonl", "a") as handle:
+        handle.write(line + "\n")
+
+
+def image_entrypoint(image: str) -> str:
+    """The stand-in image's own entrypoint, as TEI's images have it: the CPU images start the router."""
+    return "text-embeddings-router" if image.rpartition(":")[2].startswith("cpu") else "/entrypoint.sh"
+
+
+def record_entrypoint(state: Path, name: str, image: str, program: str) -> None:
+    """Record which program container ``name`` started with, and whether it is the image's own entrypoint."""
+    state.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"name": name, "image": image, "program": program, "ran": program == image_entrypoint(image)})
+    with open(state / "entrypoints.jsonl", "a") as handle:
         handle.write(line + "\n")
 
 
@@ -116,11 +134,12 @@ def run(args: list[str]) -> int:
         print(f"docker: Error response from daemon: Conflict. The container name {name} is already in use",
               file=sys.stderr)
         return 125
-    deadline = None
-    if options.get("--entrypoint") == ["timeout"]:
+    deadline, program = None, options.get("--entrypoint", [image_entrypoint(image)])[0]
+    if program == "timeout":
         while command and command[0] == "-k":
             command = command[2:]
-        deadline, command = command[0], command[2:]  # "<N>s", "text-embeddings-router"
+        deadline, program, command = command[0], command[1], command[2:]  # "<N>s", "/entrypoint.sh"
+    record_entrypoint(STATE, name, image, program)
     host, _, port = options["-p"][0].rpartition(":")[0].rpartition(":")
     port = int(port) if port else free_port()
     volume = options["-v"][0].rsplit(":", 1)[0]

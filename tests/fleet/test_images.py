@@ -117,7 +117,7 @@ def test_gpu_docker_run_line() -> None:
         "docker", "run", "-d", "--name", "teibatch-r1-0", "--label", "teibatch.run=r1",
         "--label", "teibatch.managed=true", "--gpus", "all", "-p", "127.0.0.1::80",
         "-v", "/home/u/teibatch-data:/data", "-e", "API_KEY",
-        "--entrypoint", "timeout", f"{TEI}:89-1.9", "-k", "30s", "7800s", "text-embeddings-router",
+        "--entrypoint", "timeout", f"{TEI}:89-1.9", "-k", "30s", "7800s", "/entrypoint.sh",
         "--model-id", "BAAI/bge-small-en-v1.5", "--max-batch-tokens", "16384"]
 
 

@@ -101,8 +101,10 @@ def test_full_job_rents_instances_embeds_and_destroys(fake_vast: FakeVast, tmp_p
     assert {c["offer_id"] for c in fake_vast.creates} == {1001, 1002}
     assert create["image"] == "ghcr.io/huggingface/text-embeddings-inference:89-1.9"  # compute_cap 890
     assert create["runtype"] == "args" and create["onstart"] == "timeout" and "price" not in create
-    assert create["args"][3:6] == ["text-embeddings-router", "--model-id", MODEL]
-    assert {c["label"] for c in fake_vast.creates} == {f"teibatch-{summary.run_id}-{i}" for i in range(2)}
+    assert create["args"][3:6] == ["/entrypoint.sh", "--model-id", MODEL]
+    # each create call names its instance uniquely: the second server's first offer (1001) was taken by the
+    # first server, so the instance it got comes from its second create call, "<name>.1"
+    assert {c["label"] for c in fake_vast.creates} == {f"teibatch-{summary.run_id}-0", f"teibatch-{summary.run_id}-1.1"}
     tei_key = create["env"]["API_KEY"]
     assert len(tei_key) >= 32
     record = ledger.load(summary.run_id)
@@ -131,7 +133,7 @@ def test_full_job_with_export_copies_the_model_off_over_ssh_then_destroys(
     for create in fake_vast.creates:
         assert create["runtype"] == SSH_RUNTYPE and "args" not in create
         assert create["onstart"].startswith("nohup timeout -k 30s ")
-        assert f"text-embeddings-router --huggingface-hub-cache {tmp_path / 'vast-data'} --model-id {MODEL}" \
+        assert f"/entrypoint.sh --huggingface-hub-cache {tmp_path / 'vast-data'} --model-id {MODEL}" \
             in create["onstart"]
     public_key = host.key_file.with_name(host.key_file.name + ".pub").read_text().strip()
     assert fake_vast.ssh_keys == {i: public_key for i in fake_vast.destroys}

@@ -30,6 +30,7 @@ class ImageRow:
     experimental: bool = False
     refused: str | None = None       # why teibatch never launches this row
     note: str | None = None
+    entrypoint: str | None = None    # the image's own entrypoint, when not the table's
 
     @property
     def status(self) -> str:
@@ -40,7 +41,7 @@ class ImageRow:
 class ImageTable:
     registry: str
     version: str
-    entrypoint: str
+    entrypoint: str                  # the entrypoint of TEI's CUDA images (rows may name their own)
     min_compute_capability: str
     rows: tuple[ImageRow, ...]
 
@@ -100,7 +101,8 @@ def image_table() -> ImageTable:
     rows = tuple(
         ImageRow(arch=r["arch"], platform=r.get("platform", "x86_64"),
                  compute_capability=r.get("compute_capability"), tag=r.get("tag"),
-                 experimental=bool(r.get("experimental", False)), refused=r.get("refused"), note=r.get("note"))
+                 experimental=bool(r.get("experimental", False)), refused=r.get("refused"), note=r.get("note"),
+                 entrypoint=r.get("entrypoint"))
         for r in data["architectures"])
     return ImageTable(registry=data["registry"], version=str(data["version"]), entrypoint=data["entrypoint"],
                       min_compute_capability=str(data["min_compute_capability"]), rows=rows)
@@ -134,6 +136,7 @@ class CloudCard:
     name: str
     compute_capability: str
     fp16_tflops: float | None = None
+    platform: str = "x86_64"        # the machines' CPU architecture (`uname -m`): aarch64 for Grace superchips
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,8 @@ class ThroughputRule:
 @cache
 def cloud_cards() -> tuple[CloudCard, ...]:
     return tuple(CloudCard(pattern=c["pattern"], name=c["name"], compute_capability=str(c["compute_capability"]),
-                           fp16_tflops=c.get("fp16_tflops")) for c in _load("clouds.yaml")["cards"])
+                           fp16_tflops=c.get("fp16_tflops"), platform=str(c.get("platform", "x86_64")))
+                 for c in _load("clouds.yaml")["cards"])
 
 
 @cache

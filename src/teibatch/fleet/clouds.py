@@ -20,7 +20,7 @@ from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.providers.lambdacloud import LambdaApi, LambdaProvider
 from teibatch.fleet.providers.runpod import RunPodApi, RunPodProvider
 from teibatch.fleet.providers.vast import VastApi, VastProvider
-from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance
+from teibatch.fleet.rental import NAME_PREFIX, CloudApi, CloudInstance, slot_of
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,10 @@ class CloudEntry:
 
 
 def run_of(name: str) -> str | None:
-    """The run id in an instance name ``teibatch-<run id>-<n>`` (``None`` for other names)."""
+    """The run id in an instance name ``teibatch-<run id>-<n>`` or ``…-<n>.<attempt>`` (``None`` for other names)."""
     if not name.startswith(NAME_PREFIX):
         return None
-    run, _, index = name[len(NAME_PREFIX):].rpartition("-")
+    run, _, index = slot_of(name)[len(NAME_PREFIX):].rpartition("-")
     return run if run and index.isdigit() else None
 
 
@@ -81,7 +81,8 @@ def cloud_entries(ledger: Ledger) -> tuple[list[CloudEntry], list[str]]:
         for instance in found:
             run = run_of(instance.name)
             entries.append(CloudEntry(cloud, run, instance.name, instance.id, instance.status, instance.address,
-                                      instance.price_per_hour, states.get((run or "", instance.name), "missing")))
+                                      instance.price_per_hour,
+                                      states.get((run or "", slot_of(instance.name)), "missing")))
     return entries, problems
 
 

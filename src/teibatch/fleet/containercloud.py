@@ -6,9 +6,10 @@ order, and the create call for one offer; this module does the rest, the same wa
 * the run is recorded in the ledger, then :class:`~teibatch.fleet.rental.Rental` rents ``count``
   instances named ``teibatch-<run id>-<n>`` (found again by that name);
 * each instance runs TEI's image for its card (``configs/images.yaml``, by compute capability)
-  under the host-side deadline (``timeout -k 30s <startup + max_runtime + margin>s
-  text-embeddings-router …``) with a per-run random ``--api-key`` (the ``API_KEY`` variable TEI
-  reads: the port is public); the key is never logged nor written;
+  under the host-side deadline, its own entrypoint kept (``timeout -k 30s <startup + max_runtime +
+  margin>s /entrypoint.sh …``: TEI's entrypoint sets up the CUDA compat libraries, then runs the
+  router) with a per-run random ``--api-key`` (the ``API_KEY`` variable TEI reads: the port is
+  public); the key is never logged nor written;
 * an instance not ready and healthy within ``startup_timeout`` is terminated and replaced, at most
   ``max_replacements`` times in all (default: ``count``);
 * an instance the cloud takes back mid-run (a spot instance preempted, an instance stopped) is
@@ -43,7 +44,6 @@ from teibatch.fleet.base import (
     new_run_id,
     wait_healthy,
 )
-from teibatch.fleet.catalog import image_table
 from teibatch.fleet.hosted import DEADLINE_MARGIN_S, DEFAULT_STARTUP_TIMEOUT_S, UNBOUNDED_RUNTIME_S
 from teibatch.fleet.images import CONTAINER_PORT, KILL_AFTER_S, ImageChoice, choose_image
 from teibatch.fleet.ledger import Ledger
@@ -120,12 +120,12 @@ class ContainerCloudProvider(Provider, ReplacesLost):
         return by_capacity(choice.usable, self.capacity)
 
     def router_command(self, offer: Offer, deadline_s: int) -> tuple[ImageChoice, list[str]]:
-        """TEI's image for the offer's card, and the arguments of ``timeout`` that run its router
-        under the host-side deadline (``-k 30s <deadline>s text-embeddings-router --model-id …``)."""
+        """TEI's image for the offer's card, and the arguments of ``timeout`` that run the image's own
+        entrypoint under the host-side deadline (``-k 30s <deadline>s /entrypoint.sh --model-id …``)."""
         gpu = gpu_info(offer)
         assert gpu is not None  # choose_offers kept only cards of a known compute capability
         choice = choose_image(gpu, override=self.image)
-        return choice, ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", image_table().entrypoint, *self.router_args()]
+        return choice, ["-k", f"{KILL_AFTER_S}s", f"{deadline_s}s", choice.entrypoint, *self.router_args()]
 
     def router_args(self) -> list[str]:
         """The arguments of TEI's router for this run: ``--model-id <model>`` and ``servers.server_args``."""

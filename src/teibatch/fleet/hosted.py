@@ -212,7 +212,7 @@ class HostedServers:
             name=server.name, image=choice.image, run_id=spec.run_id, volume=server.volume, model_id=self.model_id,
             gpus=(None if not self.gpu else "all" if index is None else f"device={index}"),
             deadline_s=int((spec.max_runtime or UNBOUNDED_RUNTIME_S) + self.startup_timeout + self.deadline_margin),
-            server_args=self.server_args)
+            server_args=self.server_args, entrypoint=choice.entrypoint)
         server.launch_sent = True
         self.note(server, None, required=True, launch_sent=True, host_deadline_s=container.deadline_s)
         server.port = containers.launch(server.plan.shell, container, self.api_key, timeout=self._left(deadline))

@@ -33,10 +33,12 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class ImageChoice:
-    """The image a host runs, and the table row it came from (``None`` for an override)."""
+    """The image a host runs, the table row it came from (``None`` for an override), and the image's own
+    entrypoint, which runs under the host-side deadline (never replaced by TEI's router)."""
 
     image: str
     row: ImageRow | None
+    entrypoint: str
 
     @property
     def experimental(self) -> bool:
@@ -81,8 +83,10 @@ def choose_image(gpu: GpuInfo | None, platform: str = "x86_64", *, override: str
             f"compute capability {gpu.compute_capability} is below {table.min_compute_capability}, "
             "which TEI does not support")
         raise GpuUnsupported(f"{gpu.name}: {reason}")
-    if override:
-        return ImageChoice(override, None)
+    if override:  # an image of TEI's layout: the entrypoint of TEI's images of that kind
+        cpu_row = next((r for r in table.rows if r.compute_capability is None and r.entrypoint), None)
+        entrypoint = cpu_row.entrypoint if gpu is None and cpu_row is not None else None
+        return ImageChoice(override, None, entrypoint or table.entrypoint)
     wanted = None if gpu is None else _cc(gpu.compute_capability)
     rows = [r for r in table.rows
             if (r.compute_capability is None if wanted is None
@@ -97,7 +101,7 @@ def choose_image(gpu: GpuInfo | None, platform: str = "x86_64", *, override: str
                              f"(only {', '.join(sorted({r.platform for r in rows}))})")
     if row.refused or not row.tag:
         raise GpuUnsupported(f"{what}: {row.refused or 'no image'}")
-    return ImageChoice(table.image(row), row)
+    return ImageChoice(table.image(row), row, row.entrypoint or table.entrypoint)
 
 
 def check_fits(model_id: str | None, gpu: GpuInfo) -> None:
@@ -125,13 +129,16 @@ class ContainerSpec:
     deadline_s: int | None = None       # host-side deadline: the container stops itself after it
     host_port: int | None = None        # None: Docker picks a free loopback port
     server_args: tuple[str, ...] = ()
+    entrypoint: str | None = None       # the image's own (ImageChoice.entrypoint); None: TEI's CUDA images'
 
 
 def docker_run_args(spec: ContainerSpec) -> list[str]:
     """``docker run -d`` for ``spec``: bound to the host's loopback only, API key from ``$API_KEY``.
 
-    With ``deadline_s``, TEI's router runs under ``timeout`` (the entrypoint), so the container
-    stops by itself even when nobody is left to stop it.
+    With ``deadline_s``, the image's own entrypoint runs under ``timeout`` (``--entrypoint timeout
+    <image> -k 30s <deadline>s /entrypoint.sh …``), so the container stops by itself even when nobody is
+    left to stop it, and what the image's entrypoint does first (TEI's CUDA compat libraries on an older
+    driver) is still done.
     """
     table = image_table()
     args = ["docker", "run", "-d", "--name", spec.name, "--label", f"{RUN_LABEL}={spec.run_id}",
@@ -142,7 +149,7 @@ def docker_run_args(spec: ContainerSpec) -> list[str]:
              "-e", "API_KEY"]
     if spec.deadline_s:
         args += ["--entrypoint", "timeout", spec.image, "-k", f"{KILL_AFTER_S}s", f"{spec.deadline_s}s",
-                 table.entrypoint]
+                 spec.entrypoint or table.entrypoint]
     else:
         args.append(spec.image)
     if spec.model_id:

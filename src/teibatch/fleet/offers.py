@@ -3,7 +3,9 @@
 An :class:`Offer` is one thing a cloud's create call can be asked for (a Lambda instance type in a
 region, a RunPod GPU type, one Vast machine), with the price its API gives now. :func:`choose_offers`
 keeps the ones the job allows — the GPU it names, or enough memory under a price cap — and that TEI
-can run: a known compute capability of 7.5 or more with an image in ``configs/images.yaml``, and
+can run: a known compute capability of 7.5 or more with an image in ``configs/images.yaml`` for the
+machine's platform (a Grace superchip such as Lambda's GH200 is aarch64, where TEI has no CUDA image
+but GB10's: refused before renting, with the reason ``teibatch plan`` shows), and
 memory enough for the model (the same checks as a host of provider ``ssh``). It orders them by price
 per unit of throughput: the price over the card's FP16 TFLOPS in ``configs/clouds.yaml`` (an
 estimate from datasheets, not a measurement); cards without that figure come after, cheapest first.
@@ -48,6 +50,12 @@ class Offer:
         """The GPU family of ``configs/clouds.yaml`` this offer's GPU belongs to: the first card whose pattern
         is found in ``gpu`` (case-insensitive)."""
         return next((c for c in cloud_cards() if re.search(c.pattern, self.gpu, re.IGNORECASE)), None)
+
+    @property
+    def platform(self) -> str:
+        """The machine's CPU architecture (``uname -m``) as its card family says: x86_64 unless known otherwise."""
+        card = self.card
+        return card.platform if card is not None else "x86_64"
 
 
 @dataclass(frozen=True)
@@ -106,7 +114,7 @@ def refusal(offer: Offer, want: GpuWant, model_id: str | None, image: str | None
     if gpu is None:
         return "unknown GPU family (not in configs/clouds.yaml): compute capability unknown"
     try:
-        choose_image(gpu, override=image)
+        choose_image(gpu, offer.platform, override=image)
         check_fits(model_id, gpu)
     except GpuUnsupported as exc:
         return str(exc).removeprefix(f"{offer.gpu}: ")

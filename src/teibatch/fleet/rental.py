@@ -1,12 +1,17 @@
 """Renting cloud instances for one run, so that nothing rented is ever forgotten.
 
-What providers ``lambda``, ``runpod`` and ``vast`` share. Every instance is named ``teibatch-<run id>-<n>``
-(the name is the cloud-side label), and its ledger entry is written **before** the create call, so:
+What providers ``lambda``, ``runpod`` and ``vast`` share. Every server of a run has a ledger entry
+``teibatch-<run id>-<n>``, written **before** any create call for it; each create call (one per offer
+tried) names its instance uniquely: ``teibatch-<run id>-<n>`` for the first offer, ``…-<n>.<k>`` for the
+k-th next one. The run's label is the prefix ``teibatch-<run id>-`` that every name carries, so:
 
-* a create call that times out, or that the cloud answers with a 429/5xx, is followed by a look-up by
-  name: an instance that was made is adopted, else the next offer is tried;
-* :meth:`Rental.leftovers` finds every instance of the run by its name prefix, also those whose
-  create call never answered, for teardown and ``teibatch fleet sweep``;
+* a create call that times out, or that the cloud answers with a 5xx, is followed by a look-up of its
+  own name: an instance that was made is adopted, else the next offer is tried under the next name
+  (an instance of the first name that shows up later is not mistaken for the second);
+* teardown (:meth:`Rental.terminate_all`) and ``teibatch fleet sweep`` terminate **every** instance the
+  cloud lists with the run's label, by its id, not only the ids the run remembers: also those whose
+  create call never answered, and those that became visible only after it timed out (teardown waits
+  up to :data:`LATE_LISTING_S` for a create that never answered to show up);
 * an offer that has no capacity (or is gone) moves on to the next offer;
 * every wait has a deadline; a terminate that finds nothing counts as done, one answered with a
   429/5xx is sent again until its deadline;
@@ -24,11 +29,19 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from teibatch.errors import CapacityUnavailable, CloudApiError, FleetError, FleetTimeout, TeardownIncomplete
+from teibatch.errors import (
+    CapacityUnavailable,
+    CloudApiError,
+    FleetError,
+    FleetTimeout,
+    RateLimited,
+    TeardownIncomplete,
+)
 from teibatch.fleet.base import InstanceState
 from teibatch.fleet.catalog import BillingRule
 from teibatch.fleet.hosted import container_name
@@ -40,7 +53,20 @@ log = logging.getLogger(__name__)
 POLL_S = 2.0
 WATCH_S = 10.0   # how often a run asks the cloud whether it took any serving instance back
 TERMINATE_TIMEOUT_S = 120.0
+SERVE_THREADS = 16        # instances served at once (their boot, image pull and model download overlap)
+LATE_LISTING_S = 60.0   # how long teardown looks for the instance of a create call that never answered
 NAME_PREFIX = "teibatch-"
+
+
+def attempt_name(name: str, attempt: int) -> str:
+    """The cloud-side name of create call ``attempt`` (0, 1, ...) for server ``name``: unique per attempt."""
+    return name if attempt == 0 else f"{name}.{attempt}"
+
+
+def slot_of(cloud_name: str) -> str:
+    """The server (ledger entry) a cloud-side name belongs to: ``teibatch-r-0.2`` → ``teibatch-r-0``."""
+    base, dot, attempt = cloud_name.rpartition(".")
+    return base if dot and attempt.isdigit() else cloud_name
 
 
 class CloudState(str, Enum):
@@ -95,10 +121,12 @@ class CloudApi(ABC):
 
 @dataclass
 class Rented:
-    """An instance of this run: its name (always), its cloud id (once known), the offer it came from."""
+    """A server of this run: its name (the ledger entry's, always), the cloud-side name of its current create
+    attempt, its cloud id (once known), the offer it came from."""
 
     name: str
     offer: Offer | None = None
+    cloud_name: str = ""                           # "" until a create call is sent: then the attempt's name
     id: str | None = None
     seen: CloudInstance | None = None
     terminated: bool = False
@@ -117,14 +145,17 @@ class Rental:
         self.never_served = 0                 # instances given back because they never served, in all
         self.closing = threading.Event()     # set by teardown: waits end, nothing more is rented
         self._next = 0                        # the number in the next instance's name
+        self.unanswered: set[str] = set()     # cloud names of create calls that never answered, none found yet
+        self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_record(cls, api: CloudApi, ledger: Ledger, record: Mapping[str, Any]) -> Rental:
         """The rental of a recorded run (for ``teibatch fleet sweep``): its instances as the ledger last shows them."""
         rental = cls(api, ledger, str(record["run_id"]))
         for name, entry in record.get("instances", {}).items():
-            rental.rented[name] = Rented(name, id=entry.get("cloud_id"),
+            rental.rented[name] = Rented(name, id=entry.get("cloud_id"), cloud_name=entry.get("cloud_name", name),
                                          terminated=entry.get("state") == InstanceState.DESTROYED.value)
+            rental.unanswered.update(entry.get("unanswered", ()))
         return rental
 
     @property
@@ -137,33 +168,43 @@ class Rental:
     def rent(self, name: str, offers: tuple[Offer, ...], create: Callable[[str, Offer], str]) -> Rented | None:
         """Create ``name`` from the first offer that has capacity; ``None`` when none had (``error`` says why).
 
-        The ledger holds the name before each create call; a create call that timed out or got a 429/5xx
-        is followed by a look-up by name, and an instance found is adopted.
+        The ledger holds the name before each create call; each call names its instance uniquely
+        (:func:`attempt_name`); a create call that timed out or got a 5xx is followed by a look-up of that
+        name, and an instance found is adopted.
         """
         item = self.rented.setdefault(name, Rented(name))
         self.note(name, InstanceState.REQUESTED, cloud=self.api.name, host=None)  # raises: nothing is created
         reasons = []
-        for offer in offers:
+        for attempt, offer in enumerate(offers):
+            cloud_name = attempt_name(name, attempt)
             self.note(name, None, offer=offer.label, gpu=offer.gpu, price_per_hour=offer.price_per_hour,
-                      create_sent=True)
-            item.offer, item.started = offer, time.monotonic()
+                      create_sent=True, cloud_name=cloud_name)
+            item.offer, item.started, item.cloud_name = offer, time.monotonic(), cloud_name
             try:
-                item.id = create(name, offer)
+                item.id = create(cloud_name, offer)
             except CapacityUnavailable as exc:
                 reasons.append(f"{offer.label}: {exc}")
                 log.info("%s: %s; trying the next offer", name, exc)
                 continue
+            except RateLimited as exc:  # the cloud did not process the call: no offer is "full" because of it
+                found = self.find(cloud_name)
+                if found is None:
+                    reasons.append(str(exc))
+                    break
+                item.id = found.id
             except (FleetTimeout, CloudApiError) as exc:
                 if isinstance(exc, CloudApiError) and not exc.retryable:
                     raise
-                found = self.find(name)
+                found = self.find(cloud_name)
                 if found is None:
                     reasons.append(f"{offer.label}: {exc}")
+                    self.unanswered.add(cloud_name)
+                    self.note(name, None, unanswered=sorted(n for n in self.unanswered if slot_of(n) == name))
                     log.warning("%s: %s and no instance of that name exists (yet); trying the next offer; "
-                                "teardown looks for it again by name", name, exc)
+                                "teardown looks for it again by the run's label", cloud_name, exc)
                     continue
                 item.id = found.id
-                log.warning("%s: the create call failed (%s) but the instance was made: adopted", name, exc)
+                log.warning("%s: the create call failed (%s) but the instance was made: adopted", cloud_name, exc)
             self.note(name, None, cloud_id=item.id)
             return item
         item.error = "; ".join(reasons) or "no offer"
@@ -173,7 +214,9 @@ class Rental:
     def fill(self, count: int, offers: tuple[Offer, ...], create: Callable[[str, Offer], str],
              serve: Callable[[Rented], bool], *, startup_timeout: float, max_replacements: int,
              noun: str = "instance") -> list[str]:
-        """Rent until ``count`` instances serve: each batch is created, waited for, then ``serve``d.
+        """Rent until ``count`` instances serve: each batch is created (paced by the cloud's client, not one
+        startup after another), waited for, then ``serve``d all at once, one thread each, so that ``count``
+        servers start in about the time of one plus the pacing.
 
         An instance that never serves (``serve`` gave it back) is replaced, at most ``max_replacements``
         times in this call; no capacity on any offer stops renting, and so does :attr:`closing`. Names
@@ -194,8 +237,9 @@ class Rental:
                 break
             # each instance has startup_timeout from its own create call
             self.wait_ready(batch, max(item.started for item in batch) + startup_timeout)
-            for item in batch:
-                if serve(item):
+            served = list(self._serving().map(serve, batch))
+            for item, ok in zip(batch, served, strict=True):
+                if ok:
                     healthy += 1
                 else:
                     failures += 1
@@ -206,6 +250,13 @@ class Rental:
                                f"{max_replacements})")
                 break
         return reasons
+
+    def _serving(self) -> ThreadPoolExecutor:
+        """The threads that serve instances, kept until teardown: what a serve starts (an SSH tunnel) is tied
+        to its thread (it dies with it), so the threads outlive the serve calls."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=SERVE_THREADS, thread_name_prefix="serve")
+        return self._pool
 
     def find(self, name: str) -> CloudInstance | None:
         """The live instance named ``name``, looked up by name (``None``: there is none, or the API failed)."""
@@ -238,7 +289,7 @@ class Rental:
         if item.terminated:
             return
         if item.id is None:
-            found = self.find(item.name)
+            found = self.find(item.cloud_name or item.name)
             if found is None:  # never made (or the API is down: leftovers() and fleet sweep look again)
                 item.terminated = True
                 return
@@ -255,7 +306,14 @@ class Rental:
                 log.warning("%s: %s; sending the terminate again", item.name, exc)
                 time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         while True:
-            seen = self.api.get(item.id)
+            try:
+                seen = self.api.get(item.id)
+            except CloudApiError as exc:  # a 5xx, or 429s beyond the client's patience: not a failed terminate
+                if not exc.retryable or time.monotonic() >= deadline:
+                    raise
+                log.warning("%s: status unknown after terminate: %s; asking again", item.name, exc)
+                time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+                continue
             if seen is None or seen.state is CloudState.GONE:
                 item.terminated = True
                 return
@@ -280,11 +338,11 @@ class Rental:
         """Which of the serving instances ``names`` the cloud took back, and its word for it: those it
         stopped (or that broke), and those it no longer knows. One listing of the run's instances, and a
         look-up of each one the listing leaves out; raises :class:`FleetError` when the cloud cannot be asked."""
-        listed = {found.name: found for found in self.api.list(self.prefix)}
+        listed = {found.id: found for found in self.api.list(self.prefix)}   # by id: names carry the attempt
         taken = []
         for name in names:
             item = self.rented[name]
-            seen = listed.get(name)
+            seen = listed.get(item.id) if item.id is not None else None
             if seen is None and item.id is not None:
                 seen = self.api.get(item.id)
             if seen is None or seen.state in (CloudState.GONE, CloudState.FAILED):
@@ -293,20 +351,49 @@ class Rental:
         return taken
 
     def leftovers(self) -> list[CloudInstance]:
-        """Every live instance of this run in the cloud, found by name (also those no call ever answered for)."""
-        return [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
+        """Every live instance of this run in the cloud, found by the run's label (the name prefix): also those
+        no call ever answered for. Waits up to :data:`LATE_LISTING_S` for the instances of create calls that
+        never answered (:attr:`unanswered`) to be listed: a cloud may list an instance a while after making it."""
+        deadline = time.monotonic() + LATE_LISTING_S
+        while True:
+            live = [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
+            self.unanswered -= {found.name for found in live}
+            if not self.unanswered or time.monotonic() >= deadline:
+                if self.unanswered:
+                    log.warning("%s: never listed after their create calls timed out (fleet sweep looks again)",
+                                ", ".join(sorted(self.unanswered)))
+                return live
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     def terminate_all(self, *, keep: Collection[str] = ()) -> list[str]:
-        """Terminate every instance of the run (known ones, and any the cloud lists by name) but those named in
-        ``keep``; return problems."""
+        """Terminate every instance carrying the run's label (known ones, and any other the cloud lists: by its
+        id, whatever the run remembers) but the servers named in ``keep``; return problems."""
+        if self._pool is not None:  # the run is over: nothing more is served (tunnels were closed before)
+            self._pool.shutdown(wait=False)
+            self._pool = None
         problems = []
+        strays: list[Rented] = []
         try:
             for found in self.leftovers():
-                item = self.rented.setdefault(found.name, Rented(found.name))
-                if item.id is None or item.terminated:
-                    item.id, item.terminated = found.id, False
+                slot = slot_of(found.name)
+                item = self.rented.setdefault(slot, Rented(slot, cloud_name=found.name))
+                if item.id == found.id:
+                    item.terminated = False
+                elif item.id is None:
+                    item.id, item.cloud_name, item.terminated = found.id, found.name, False
+                elif slot not in keep:  # an earlier attempt's instance, or another of the same name: by its id
+                    strays.append(Rented(slot, id=found.id, cloud_name=found.name))
         except FleetError as exc:
             problems.append(f"could not list the run's instances: {exc}")
+        for stray in strays:
+            try:
+                self.terminate(stray)
+            except FleetError as exc:
+                problems.append(f"{stray.cloud_name} ({stray.id}): {exc}")
+                continue
+            log.warning("%s: %s (%s) carried the run's label but was not the instance the run knew: terminated",
+                        stray.name, stray.cloud_name, stray.id)
+            self.note(stray.name, None, strays_terminated=[stray.id])
         for item in self.rented.values():
             if item.terminated or item.name in keep:  # given back earlier in the run (and recorded then), or kept
                 continue

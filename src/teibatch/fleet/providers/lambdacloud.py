@@ -10,6 +10,9 @@ Lambda Cloud API v1 (``docs-api.lambda.ai/api/cloud``), the calls used:
 * ``GET /instances``: the account's running instances (found again by name)
 * ``POST /instance-operations/terminate`` with ``instance_ids``
 
+Requests are paced as Lambda documents its limits (:data:`PACES`): about one request a second, and one
+launch every 10 seconds; a 429 is waited out as its ``Retry-After`` asks (:mod:`~teibatch.fleet.cloudapi`).
+
 The key is ``$LAMBDA_API_KEY`` or ``api_key = …`` in ``~/.lambda_cloud/lambda_keys`` (the file
 SkyPilot and Lambda's guides use). ``$TEIBATCH_LAMBDA_API_URL`` replaces the API's address (tests, proxies).
 
@@ -32,7 +35,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, FleetError, TeardownIncomplete
 from teibatch.fleet.base import InstanceState, LaunchSpec, new_run_id
 from teibatch.fleet.catalog import billing_rules
-from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, key_value, read_api_key
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, Pace, api_url, key_value, read_api_key
 from teibatch.fleet.hosted import HostedProvider, HostedServer, HostedServers, HostPlan
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import GpuWant, Offer, choose_offers
@@ -46,6 +49,8 @@ API_URL_ENV = "TEIBATCH_LAMBDA_API_URL"
 API_KEY_ENV = "LAMBDA_API_KEY"
 API_KEY_FILE = Path("~/.lambda_cloud/lambda_keys")
 _CAPACITY_CODES = ("insufficient-capacity", "quota-exceeded")
+#: Lambda's documented rate limits: about 1 request per second in all, and 1 launch per 10 seconds
+PACES = (Pace("*", "", 1.0), Pace("POST", "/instance-operations/launch", 10.0))
 _STATES = {"booting": CloudState.PENDING, "active": CloudState.READY, "unhealthy": CloudState.FAILED,
            "terminating": CloudState.GONE, "terminated": CloudState.GONE, "preempted": CloudState.GONE}
 
@@ -53,6 +58,18 @@ _STATES = {"booting": CloudState.PENDING, "active": CloudState.READY, "unhealthy
 def _classify(status: int, body: Any) -> type[FleetError]:
     code = str((body.get("error") or {}).get("code", "")) if isinstance(body, Mapping) else ""
     return CapacityUnavailable if any(c in code for c in _CAPACITY_CODES) else FleetError
+
+
+def gpu_count(kind: Mapping[str, Any]) -> int:
+    """The GPUs of an instance type: ``specs.gpus``, else the count in its name (``gpu_8x_a100`` → 8), else 1.
+
+    Some types come without ``specs.gpus``; reading 1 for them would rent an 8-GPU machine for one server.
+    """
+    gpus = (kind.get("specs") or {}).get("gpus")
+    if gpus is not None:
+        return int(gpus)
+    match = re.match(r"gpu_(\d+)x_", str(kind.get("name", "")))
+    return int(match.group(1)) if match else 1
 
 
 def _vram_gb(text: str) -> int:
@@ -69,7 +86,7 @@ class LambdaApi(CloudApi):
         key = read_api_key("Lambda Cloud", API_KEY_ENV, [(API_KEY_FILE, key_value("api_key"))])
         self.billing = billing_rules()["lambda"]
         self._client = ApiClient("lambda", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key,
-                                 classify=_classify, timeout=timeout)
+                                 classify=_classify, timeout=timeout, paces=PACES)
 
     def __repr__(self) -> str:
         return f"LambdaApi({self._client.base_url!r})"
@@ -82,7 +99,7 @@ class LambdaApi(CloudApi):
         offers = []
         for entry in data.values():
             kind = entry["instance_type"]
-            if int(kind.get("specs", {}).get("gpus", 1)) != 1:
+            if gpu_count(kind) != 1:
                 continue  # one TEI server per card: single-GPU instance types only
             gpu = kind.get("gpu_description") or kind.get("description", "")
             for region in entry.get("regions_with_capacity_available", []):

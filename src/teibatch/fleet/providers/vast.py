@@ -21,13 +21,14 @@ queries keep to Vast's OpenAPI file (``api-reference/openapi.yaml``; the tests' 
 
   - without an export, ``runtype: "args"`` (the image as is, no SSH), ``onstart: "timeout"`` (the
     entrypoint of an args launch, as the CLI's ``--entrypoint`` sends it) and ``args`` (the host-side
-    deadline around ``text-embeddings-router``);
+    deadline around the image's own ``/entrypoint.sh``, which sets up CUDA's compat libraries and then
+    runs ``text-embeddings-router``);
   - with ``export.to`` or ``export.import_from``, ``runtype: "ssh_direct"`` (the spec's name for the
     CLI's ``--ssh --direct``: Vast's entrypoint replaces the image's and runs sshd, mapping the
     container's port 22 to a host port) and ``onstart`` (the shell line Vast's entrypoint runs: TEI's
-    router started in the background under the same deadline, ``--huggingface-hub-cache`` naming the
-    model directory; with ``import_from``, only once teibatch has seeded that directory, see
-    :func:`onstart_line`);
+    image entrypoint ``/entrypoint.sh`` started in the background under the same deadline,
+    ``--huggingface-hub-cache`` naming the model directory; with ``import_from``, only once teibatch
+    has seeded that directory, see :func:`onstart_line`);
 
   answers ``{"success": true, "new_contract": id}``; an offer already taken answers 404 or 410 with
   ``no_such_ask`` in its message
@@ -73,7 +74,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable, ExportFailed, FleetError, JobSpecError, TeardownIncomplete
 from teibatch.fleet.base import Capability, DestroysHosts, ExportsVolumes, InstanceState, LaunchSpec, LostServer
 from teibatch.fleet.catalog import billing_rules, image_table
-from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, api_url, message_of, read_api_key
+from teibatch.fleet.cloudapi import DEFAULT_API_TIMEOUT_S, ApiClient, Pace, api_url, message_of, read_api_key
 from teibatch.fleet.containercloud import ContainerCloudProvider
 from teibatch.fleet.export import export_volume, seed_volume
 from teibatch.fleet.hosted import DEFAULT_EXPORT_TIMEOUT_S
@@ -113,6 +114,12 @@ _STATES: dict[str | None, CloudState] = {
     "scheduling": CloudState.PENDING, "rebooting": CloudState.PENDING, "running": CloudState.PENDING,
     "exited": CloudState.FAILED, "stopped": CloudState.FAILED, "offline": CloudState.FAILED,
     "unknown": CloudState.FAILED}
+#: Vast's per-endpoint rate limits, from its API spec: each operation's 429 answer reads "API requests too
+#: frequent endpoint threshold=<n>"; n is read as the seconds between two calls of that endpoint (the
+#: costly calls have the larger n: create 4.5, destroy 3.0, show 2.0, list 1.0). A 429 is waited out anyway.
+#: The v1 instance list (which also reads one instance) documents no threshold: paced as v0's list was.
+#: Its calls name the whole v1 address, hence the pattern that matches it from the start.
+PACES = (Pace("PUT", "/asks/", 4.5), Pace("DELETE", "/instances/", 3.0), Pace("GET", r".*/api/v1/instances", 1.0))
 #: the search types each servers.capacity asks for, in the order their offers are tried
 SEARCH_TYPES: dict[str, tuple[str, ...]] = {"on-demand": ("ondemand",), "spot": ("bid",), "any": ("bid", "ondemand")}
 
@@ -157,7 +164,7 @@ def public_key_of(key_file: str) -> str:
 
 
 def onstart_line(command: list[str], *, marker: str | None = None, wait_s: int = 0) -> str:
-    """The ``onstart`` of an SSH launch: ``timeout`` with ``command`` (TEI's router under its deadline) in
+    """The ``onstart`` of an SSH launch: ``timeout`` with ``command`` (TEI's image entrypoint under its deadline) in
     the background, its output in :data:`TEI_LOG`.
 
     With a ``marker``, the router starts only once that file exists (teibatch writes it when the model
@@ -203,7 +210,7 @@ class VastApi(CloudApi):
         self.min_reliability = min_reliability
         self.disk_gb = disk_gb
         self._client = ApiClient("vast", base_url or api_url(API_URL_ENV, DEFAULT_API_URL), key, classify=_classify,
-                                 timeout=timeout)
+                                 timeout=timeout, paces=PACES)
         self._v1 = re.sub(r"/v0$", "/v1", self._client.base_url)  # the instance list is v1's
 
     def __repr__(self) -> str:
@@ -409,10 +416,12 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         self._shells[item.name] = shell
         self._volumes[item.name] = self.model_dir
         self._rental.note(item.name, None, shell=shell.record(), volume=self.model_dir)
-        return self._seed(item.name, shell, deadline) if self.import_from else None
+        return self._seed(item.name, shell, deadline, marker=self._seed_marker(item.cloud_name or item.name)) \
+            if self.import_from else None
 
-    def _seed(self, name: str, shell: Shell, deadline: float) -> str | None:
-        """Copy ``import_from`` into the instance's model directory (verified), then let its TEI start.
+    def _seed(self, name: str, shell: Shell, deadline: float, *, marker: str) -> str | None:
+        """Copy ``import_from`` into the instance's model directory (verified), then let its TEI start (write
+        ``marker``, the one its create call's ``onstart`` waits for: named after that call's instance).
 
         A seed that fails is logged and recorded (``import_error``) and TEI starts all the same: it
         downloads the model, as without an import. Only a marker that cannot be written gives the
@@ -428,7 +437,6 @@ class VastProvider(ContainerCloudProvider, ExportsVolumes, DestroysHosts):
         else:
             log.info("%s: %d files imported from %s", name, count, self.import_from)
             self._rental.note(name, None, imported=self.import_from)
-        marker = self._seed_marker(name)
         try:
             shell.run(f"mkdir -p {shlex.quote(self.model_dir)} && touch {shlex.quote(marker)}",
                       what="let TEI start (seed marker)", timeout=max(1.0, deadline - time.monotonic()))

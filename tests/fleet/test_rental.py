@@ -1,0 +1,68 @@
+"""The shared rental machinery (:class:`~teibatch.fleet.rental.Rental`) against the fake Lambda Cloud API:
+what a run rents is found again by the run's label, whatever the cloud answered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from teibatch.fleet.ledger import Ledger
+from teibatch.fleet.providers.lambdacloud import LambdaApi
+from teibatch.fleet.rental import Rental
+from teibatch.fleet.sweep import sweep
+from tests.fleet.conftest import LAMBDA_KEY
+from tests.fleet.fake_lambda import FakeLambda
+
+
+@pytest.fixture
+def lambda_api(monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[tuple[FakeLambda, LambdaApi]]:
+    """The fake Lambda Cloud and a client of it whose calls time out after 1 s."""
+    monkeypatch.setenv("LAMBDA_API_KEY", LAMBDA_KEY)
+    with FakeLambda(LAMBDA_KEY) as fake:
+        monkeypatch.setenv("TEIBATCH_LAMBDA_API_URL", f"{fake.url}/api/v1")
+        api = LambdaApi(timeout=1.0)
+        try:
+            yield fake, api
+        finally:
+            api.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("late_listing", [
+    pytest.param(1, id="listed-after-the-look-up"),
+    pytest.param(3, id="listed-only-during-teardown"),
+])
+def test_an_instance_listed_only_after_its_create_timed_out_is_terminated(
+        lambda_api: tuple[FakeLambda, LambdaApi], ledger: Ledger, late_listing: int) -> None:
+    fake, api = lambda_api
+    # the first launch makes its instance but answers after the client gave up; the list shows it late
+    fake.slow_launches, fake.launch_delay_s, fake.late_listing = 1, 3.0, late_listing
+    offers = tuple(o for o in api.offers() if o.key == "gpu_1x_a10")
+    assert len(offers) == 2   # two regions: the second is tried after the first timed out
+    ledger.begin("late", provider="lambda", job="late", config={"kind": "lambda"}, export_to=None)
+    rental = Rental(api, ledger, "late")
+    item = rental.rent("teibatch-late-0", offers, lambda name, offer: api.launch(name, offer, "ci-key"))
+    assert item is not None and fake.alive() == 2
+    assert rental.terminate_all() == []
+    assert fake.alive() == 0
+    # each create call named its instance uniquely; both carry the run's label
+    assert [c["name"] for c in fake.creates] == ["teibatch-late-0", "teibatch-late-0.1"]
+    [entry] = [e for e in ledger.entries() if e.run_id == "late"]
+    assert entry.state.value == "destroyed"
+
+
+@pytest.mark.timeout(60)
+def test_fleet_sweep_terminates_an_instance_listed_only_after_its_create_timed_out(
+        lambda_api: tuple[FakeLambda, LambdaApi], ledger: Ledger) -> None:
+    fake, api = lambda_api
+    fake.slow_launches, fake.launch_delay_s, fake.late_listing = 1, 3.0, 1
+    ledger.begin("swept", provider="lambda", job="swept", config={"kind": "lambda", "gpu": True, "ssh": {}},
+                 export_to=None)
+    rental = Rental(api, ledger, "swept")
+    offers = tuple(o for o in api.offers() if o.key == "gpu_1x_a10")
+    assert rental.rent("teibatch-swept-0", offers, lambda name, offer: api.launch(name, offer, "ci-key")) is not None
+    assert fake.alive() == 2   # the driver stops here (killed): nothing is torn down
+    [result] = sweep(ledger, run_id="swept", force=True, waive_export=True)
+    assert result.action == "destroyed", result
+    assert fake.alive() == 0
