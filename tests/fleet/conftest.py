@@ -309,7 +309,7 @@ def sweep_destroys_what_the_killed_run_left(alive: Callable[[], int], instance: 
     from teibatch.fleet.clouds import run_of
 
     runner = CliRunner()
-    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
+    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).stdout)
     assert {(e.get("source", "ledger"), e["instance"]) for e in listed} == {("ledger", instance), ("cloud", instance)}
     swept = runner.invoke(fleet, ["sweep"])
     assert swept.exit_code == 0, swept.output

@@ -27,7 +27,7 @@ def test_gpus_table_and_json() -> None:
     assert table.exit_code == 0
     assert "V100 16G" in table.output and "refused" in table.output and "experimental" in table.output
     assert "hopper-1.9" in table.output and "NOT SUPPORTED" in table.output
-    data = json.loads(CliRunner().invoke(gpus, ["--json"]).output)
+    data = json.loads(CliRunner().invoke(gpus, ["--json"]).stdout)
     assert len(data["gpus"]) == 29 and len(data["architectures"]) == 11
     volta = next(a for a in data["architectures"] if a["arch"] == "Volta")
     assert volta["status"] == "refused" and "7.5" in volta["reason"]
@@ -46,5 +46,5 @@ def test_sweep_skips_a_run_whose_driver_still_runs(tmp_path: Path) -> None:
     result = CliRunner().invoke(fleet, ["sweep", "--state-dir", str(tmp_path)])
     assert result.exit_code == 0
     assert "live: skipped" in result.output and "still runs" in result.output
-    listed = json.loads(CliRunner().invoke(fleet, ["list", "--json", "--state-dir", str(tmp_path)]).output)
+    listed = json.loads(CliRunner().invoke(fleet, ["list", "--json", "--state-dir", str(tmp_path)]).stdout)
     assert [(e["instance"], e["state"], e["driver_alive"]) for e in listed] == [("teibatch-live-0", "healthy", True)]

@@ -250,7 +250,7 @@ def test_sigkill_then_fleet_sweep_finds_and_destroys_everything(fake_lambda: Fak
     orphan = LambdaApi().launch("teibatch-killed-7", next(o for o in LambdaApi().offers() if o.key == "gpu_1x_a10"),
                                 "ci-key")
     runner = CliRunner()
-    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).output)
+    listed = json.loads(runner.invoke(fleet, ["list", "--json"]).stdout)
     ledger_rows = [e for e in listed if e.get("source") != "cloud"]
     cloud_rows = {e["instance"]: e for e in listed if e.get("source") == "cloud"}
     assert [(e["run_id"], e["state"], e["driver_alive"]) for e in ledger_rows] == [("killed", "healthy", False)]

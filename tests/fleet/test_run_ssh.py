@@ -143,7 +143,7 @@ def test_sigkill_then_fleet_sweep(host: SshHostFixture, tmp_path: Path, ledger: 
     runner = CliRunner()
     listed = runner.invoke(fleet, ["list", "--json"])
     assert listed.exit_code == 0, listed.output
-    [entry] = json.loads(listed.output)
+    [entry] = json.loads(listed.stdout)
     assert (entry["run_id"], entry["state"], entry["driver_alive"]) == ("killed", "healthy", False)
     dry = runner.invoke(fleet, ["sweep", "--dry-run"])
     assert "would sweep" in dry.output and host.standin.running() == 1

@@ -163,7 +163,7 @@ def test_plan_command_prices_from_the_api(tmp_path: Path, lambda_api: FakeLambda
     job = job_file(tmp_path, servers=LAMBDA, limits={"max_cost": 1.0})
     result = CliRunner().invoke(plan, [str(job), "--bench", "100", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert (data["documents"], data["tokens"]) == (40, 480)
     assert data["cards"][0]["cost"] == pytest.approx(240 / 3600 * 0.75)   # the fake lists gpu_1x_a10 at 75 cents/h
     assert data["cost"] == pytest.approx(240 / 3600 * 1.29)   # what the run rents first: gpu_1x_a100_sxm4
@@ -217,7 +217,7 @@ def test_a_chunked_plan_prints_a_range_that_holds_the_real_count(tmp_path: Path)
     assert low <= real_chunks <= high, result.output
     assert low <= about <= high and high - low < real_chunks  # a range, not a shrug
     assert tokens_low <= real_tokens <= tokens_high, result.output
-    data = json.loads(CliRunner().invoke(plan, [str(job), "--json"]).output)
+    data = json.loads(CliRunner().invoke(plan, [str(job), "--json"]).stdout)
     assert data["chunks_range"] == [low, high] and data["tokens_range"] == [tokens_low, tokens_high]
     schema = Path(__file__).parents[2] / "docs" / "json" / "plan.schema.json"
     jsonschema.validate(data, json.loads(schema.read_text()))

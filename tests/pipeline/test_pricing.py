@@ -156,7 +156,7 @@ def test_plan_command_per_card_and_capacity(spot_prices: FakeVast, tmp_path: Pat
             in text.output)
     assert "cost: $0.03 (what the run rents)" in text.output
     one = CliRunner().invoke(plan, [job, "--bench", "RTX 4090=2", "--json"])   # no figure for the A6000
-    data = json.loads(one.output)
+    data = json.loads(one.stdout)
     a6000 = [c for c in data["cards"] if c["gpu"] == A6000]
     assert len(a6000) == 2 and all(c["cost"] is None and "pass --bench" in c["throughput_source"] for c in a6000)
     assert data["cheapest"] is None    # the RTX 4090 takes 180 s, over 150
