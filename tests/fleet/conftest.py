@@ -233,6 +233,23 @@ def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shell, "LOGIN_RETRY_S", 0.2)
 
 
+@contextlib.contextmanager
+def lambda_client(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> Iterator[tuple[Any, Any]]:
+    """The fake Lambda Cloud (no host behind its instances) and a ``LambdaApi`` of it whose calls time out
+    after ``timeout_s``: for tests of the API client and the rental machinery themselves."""
+    from teibatch.fleet.providers.lambdacloud import LambdaApi
+    from tests.fleet.fake_lambda import FakeLambda
+
+    monkeypatch.setenv("LAMBDA_API_KEY", LAMBDA_KEY)
+    with FakeLambda(LAMBDA_KEY) as fake:
+        monkeypatch.setenv("TEIBATCH_LAMBDA_API_URL", f"{fake.url}/api/v1")
+        api = LambdaApi(timeout=timeout_s)
+        try:
+            yield fake, api
+        finally:
+            api.close()
+
+
 @pytest.fixture
 def fake_lambda(host: SshHostFixture, monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[Any]:
     """A fake Lambda Cloud API on 127.0.0.1 whose instances are ``host`` (the test sshd); the key and the

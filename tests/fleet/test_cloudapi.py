@@ -16,7 +16,7 @@ from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.offers import Offer
 from teibatch.fleet.providers.lambdacloud import LambdaApi
 from teibatch.fleet.rental import Rental, Rented
-from tests.fleet.conftest import LAMBDA_KEY
+from tests.fleet.conftest import lambda_client
 from tests.fleet.fake_lambda import RATES, FakeLambda
 
 SCALE = 0.05   # the documented limits, 20 times faster: a launch every 0.5 s
@@ -24,14 +24,8 @@ SCALE = 0.05   # the documented limits, 20 times faster: a launch every 0.5 s
 
 @pytest.fixture
 def lambda_api(monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[tuple[FakeLambda, LambdaApi]]:
-    monkeypatch.setenv("LAMBDA_API_KEY", LAMBDA_KEY)
-    with FakeLambda(LAMBDA_KEY) as fake:
-        monkeypatch.setenv("TEIBATCH_LAMBDA_API_URL", f"{fake.url}/api/v1")
-        api = LambdaApi(timeout=5.0)
-        try:
-            yield fake, api
-        finally:
-            api.close()
+    with lambda_client(monkeypatch, 5.0) as pair:
+        yield pair
 
 
 def a10_offers(api: LambdaApi) -> tuple[Offer, ...]:

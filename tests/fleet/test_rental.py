@@ -11,21 +11,15 @@ from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.providers.lambdacloud import LambdaApi
 from teibatch.fleet.rental import Rental
 from teibatch.fleet.sweep import sweep
-from tests.fleet.conftest import LAMBDA_KEY
+from tests.fleet.conftest import lambda_client
 from tests.fleet.fake_lambda import FakeLambda
 
 
 @pytest.fixture
 def lambda_api(monkeypatch: pytest.MonkeyPatch, fast_polls: None) -> Iterator[tuple[FakeLambda, LambdaApi]]:
     """The fake Lambda Cloud and a client of it whose calls time out after 1 s."""
-    monkeypatch.setenv("LAMBDA_API_KEY", LAMBDA_KEY)
-    with FakeLambda(LAMBDA_KEY) as fake:
-        monkeypatch.setenv("TEIBATCH_LAMBDA_API_URL", f"{fake.url}/api/v1")
-        api = LambdaApi(timeout=1.0)
-        try:
-            yield fake, api
-        finally:
-            api.close()
+    with lambda_client(monkeypatch, 1.0) as pair:
+        yield pair
 
 
 @pytest.mark.timeout(60)

@@ -205,13 +205,18 @@ def test_a_chunked_run_sends_nothing_the_servers_would_cut(tmp_path: Path, job_f
     assert sum(chunking["histogram"].values()) == table.num_rows
 
 
+def no_tokenizer_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Hugging Face cache holds a tokenizer.json: a chunked run counts with the servers' /tokenize."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "empty-cache"))
+
+
 @pytest.mark.usefixtures("ray_session")
 def test_with_no_tokenizer_file_a_chunked_run_counts_with_the_servers_tokenize_route(
         tmp_path: Path, job_file: Callable[..., Path], tei_servers: Callable[..., list[Endpoint]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no Hugging Face cache holds a tokenizer.json
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / "empty-cache"))
+    no_tokenizer_file(tmp_path, monkeypatch)
     rows = [{"id": f"d{i}", "text": long_text(i, 3 + i * 3), "title": f"Doc {i}"} for i in range(10)]
     write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
     # Built-in servers under another model name, reached as static ones: the built-in rule is not picked.
@@ -308,9 +313,7 @@ def test_a_real_tokenizers_chunks_over_tokenize_pieces_and_batches_are_its_own(s
 def test_a_document_over_the_tokenize_character_limit_is_chunked_beside_the_others_of_its_shard(
         tmp_path: Path, job_file: Callable[..., Path], tei_servers: Callable[..., list[Endpoint]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no Hugging Face cache holds a tokenizer.json
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
-        monkeypatch.setenv(name, str(tmp_path / "empty-cache"))
+    no_tokenizer_file(tmp_path, monkeypatch)
     rows = [{"id": f"d{i}", "text": long_text(i, 3 + i)} for i in range(6)]
     rows.insert(3, {"id": "long", "text": long_text(7, 3_000)})
     assert len(rows[3]["text"]) > LONG_DOC_CHARS

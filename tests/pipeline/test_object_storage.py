@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 import s3fs
 
-from teibatch.job import load_job
+from teibatch.job import JobSpec, load_job
 from teibatch.pipeline import run_job
 from teibatch.sink import OutputStore, output_status
 
@@ -54,20 +54,27 @@ def test_s3_run_equals_local_run(small_corpus: Path, job_file: Callable[..., Pat
     assert again.shards_skipped == 5
 
 
-def test_output_under_the_corpus_prefix_is_left_out(small_corpus: Path, job_file: Callable[..., Path],
-                                                    s3_endpoint: str) -> None:
+def s3_job(small_corpus: Path, job_file: Callable[..., Path], s3_endpoint: str, prefix: str, corpus: str,
+           output: str, **job: object) -> tuple[JobSpec, dict[str, object]]:
+    """The small corpus copied to ``s3://data/<prefix>/``, and a job (with ``job``'s other keys) that reads
+    ``corpus`` and writes ``output`` there; with the storage options that reach the S3 server."""
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     client.create_bucket(Bucket="data")
     for path in sorted(small_corpus.iterdir()):
-        client.put_object(Bucket="data", Key=f"c9/{path.name}", Body=path.read_bytes())
+        client.put_object(Bucket="data", Key=f"{prefix}/{path.name}", Body=path.read_bytes())
     storage = {"key": "testing", "secret": "testing",
                "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
-    job = load_job(job_file({"path": str(small_corpus), "id_field": "id", "shard_docs": 10},
-                            servers={"provider": "local", "count": 1}))
-    job = job.model_copy(update={
-        "corpus": job.corpus.model_copy(update={"path": "s3://data/c9", "storage_options": storage}),
-        "output": job.output.model_copy(update={"path": "s3://data/c9/out", "storage_options": storage}),
-    })
+    spec = load_job(job_file({"path": str(small_corpus), "id_field": "id", "shard_docs": 10},
+                             servers={"provider": "local", "count": 1}, **job))
+    return spec.model_copy(update={
+        "corpus": spec.corpus.model_copy(update={"path": corpus, "storage_options": storage}),
+        "output": spec.output.model_copy(update={"path": output, "storage_options": storage}),
+    }), storage
+
+
+def test_output_under_the_corpus_prefix_is_left_out(small_corpus: Path, job_file: Callable[..., Path],
+                                                    s3_endpoint: str) -> None:
+    job, storage = s3_job(small_corpus, job_file, s3_endpoint, "c9", "s3://data/c9", "s3://data/c9/out")
     assert job.corpus_options().exclude == ("out",)
     first = run_job(job)
     assert first.status == "done" and first.embedded == 40
@@ -84,18 +91,9 @@ def test_output_under_the_corpus_prefix_is_left_out(small_corpus: Path, job_file
 
 def test_an_edited_file_on_s3_replaces_its_parts_in_place(small_corpus: Path, job_file: Callable[..., Path],
                                                           s3_endpoint: str) -> None:
+    job, storage = s3_job(small_corpus, job_file, s3_endpoint, "docs", "s3://data/docs/*.jsonl", "s3://data/out",
+                          mode="incremental")
     client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket="data")
-    for path in sorted(small_corpus.iterdir()):
-        client.put_object(Bucket="data", Key=f"docs/{path.name}", Body=path.read_bytes())
-    storage = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
-    job = load_job(job_file({"path": str(small_corpus), "id_field": "id", "shard_docs": 10},
-                            servers={"provider": "local", "count": 1}, mode="incremental"))
-    job = job.model_copy(update={
-        "corpus": job.corpus.model_copy(update={"path": "s3://data/docs/*.jsonl", "storage_options": storage}),
-        "output": job.output.model_copy(update={"path": "s3://data/out", "storage_options": storage}),
-    })
     assert run_job(job).embedded == 40
     fs = s3fs.S3FileSystem(**storage)
     before = sorted(ds.dataset("data/out/vectors", filesystem=fs).to_table().column("id").to_pylist())
