@@ -89,6 +89,9 @@ class FakeLambda(FakeApi):
         return 429, {"error": {"code": "global/too-many-requests",
                                "message": "Too many requests. Please slow down and try again."}}
 
+    def server_error(self) -> tuple[int, Any]:
+        return 503, {"error": {"code": "global/service-unavailable", "message": "Service temporarily unavailable."}}
+
     def alive(self) -> int:
         """Instances not terminated: the count every test ends with (0)."""
         with self.lock:
@@ -131,6 +134,7 @@ class FakeLambda(FakeApi):
                 "jupyter_token": None, "jupyter_url": None,
                 "unlisted": self.late_listing}
             self.creates.append(dict(body))
+            self.bill_start(instance_id)
             slow = self.slow_launches > 0
             self.slow_launches -= 1 if slow else 0
         if slow:
@@ -170,6 +174,7 @@ class FakeLambda(FakeApi):
                                            "message": "Specified instance does not exist."}}
                 if instance["status"] != "terminated":
                     instance["status"] = "terminated"
+                    self.bill_stop(instance_id)
                     self.terminates.append(instance_id)
                     if self.on_terminate and instance["name"]:
                         # the VM's containers are named after its server: teibatch-<run>-<n> (no ".<attempt>")

@@ -102,6 +102,9 @@ class FakeRunPod(ContainerFake):
     def too_many(self, retry_after: int) -> tuple[int, Any]:
         return problem(429, "Too Many Requests", "rate limit exceeded for the minute window")
 
+    def server_error(self) -> tuple[int, Any]:
+        return problem(503, "Service Unavailable", "the service is temporarily unavailable")
+
     def content_type(self, status: int) -> str:
         return "application/problem+json" if status >= 400 else "application/json"
 
@@ -166,6 +169,7 @@ class FakeRunPod(ContainerFake):
                    "startedAt": None, "status": "PROVISIONING", "actions": list(_ACTIONS["PROVISIONING"])}
             self.pods[pod_id] = pod
             self.creates.append(dict(body))
+            self.bill_start(pod_id)
             self._hidden[pod_id] = self.late_polls
             if self.stuck > 0:
                 self.stuck -= 1
@@ -220,6 +224,7 @@ class FakeRunPod(ContainerFake):
     def _terminate(self, pod: dict[str, Any]) -> None:
         self._set_status(pod, "TERMINATED")
         self.terminates.append(pod["id"])
+        self.bill_stop(pod["id"])
 
     def _delete(self, match: re.Match[str], body: Any, query: Any) -> tuple[int, Any]:
         with self.lock:

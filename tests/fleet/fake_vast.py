@@ -113,6 +113,9 @@ class FakeVast(ContainerFake):
         return status, {"success": False, "error": "invalid_args" if status == 400 else "not_found",
                         "msg": "; ".join(problems)}
 
+    def server_error(self) -> tuple[int, Any]:
+        return 503, {"success": False, "error": "server_error", "msg": "Service Unavailable"}
+
     def too_many(self, retry_after: int) -> tuple[int, Any]:
         return 429, {"success": False, "error": "rate_limit_exceeded",
                      "msg": "API requests too frequent endpoint threshold=2.0"}
@@ -211,6 +214,7 @@ class FakeVast(ContainerFake):
                         "image_args": body.get("args", [])}
             self.instances[instance_id] = instance
             self.creates.append(dict(body, offer_id=offer_id, sent_env=sent_env))
+            self.bill_start(instance_id)
             self._hidden[instance_id] = self.late_lists
             if self.end_as:
                 instance.update(actual_status=self.end_as.pop(0), status_msg="the container could not start")
@@ -332,5 +336,6 @@ class FakeVast(ContainerFake):
                 return gone
             self.instances[instance_id].update(cur_state="unloaded", actual_status="exited", intended_status="stopped")
             self.destroys.append(instance_id)
+            self.bill_stop(instance_id)
         self.kill(instance_id)
         return 200, {"success": True}

@@ -18,6 +18,11 @@ and recorded in ``limited``: ``rate_limit`` (requests per ``rate_window_s``), ``
 or ``*`` for every request → the least seconds between two requests it accepts) and ``forced_429``
 (handler name → answer its next that many requests with 429 anyway). Tests set them to see the 429s;
 by default there are none.
+
+Faults for the orphan test (:class:`FaultSchedule`, ``faults``): a seeded schedule that answers requests,
+by operation, late after acting (the client timed out, the cloud acted), late without acting (timed
+out before the cloud acted), 429 bursts with ``Retry-After: 0``, or 503. Each fake keeps what its
+instances cost: :meth:`FakeApi.billed_seconds` (from create until terminated).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import re
 import signal
 import socket
@@ -33,7 +39,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,46 @@ from tests.fleet.standin_docker import image_entrypoint
 
 #: a handler answers (status, body) or (status, body, headers)
 Handler = Callable[[re.Match[str], Any, dict[str, list[str]]], tuple[Any, ...]]
+
+
+#: the faults a :class:`FaultSchedule` injects, by the name it counts them under
+FAULT_KINDS = ("late_answer", "timeout", "429", "5xx")
+
+
+class FaultSchedule:
+    """Seeded faults per request: each request to one of ``operations`` (handler names) gets a fault with
+    probability ``rate``, its kind drawn from :data:`FAULT_KINDS`; a 429 starts a burst of up to
+    ``max_burst`` 429s in a row on that operation. ``forced`` (handler name → kinds) is used first.
+    ``delay_s`` is how late a ``late_answer`` or ``timeout`` answers: longer than the client's timeout."""
+
+    def __init__(self, seed: int, *, rate: float, operations: Collection[str], delay_s: float,
+                 max_burst: int = 3) -> None:
+        self.random = random.Random(seed)
+        self.rate = rate
+        self.operations = set(operations)
+        self.delay_s = delay_s
+        self.max_burst = max_burst
+        self.forced: dict[str, list[str]] = {}
+        self.injected: Counter[str] = Counter()
+        self._bursts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def draw(self, operation: str) -> str | None:
+        """The fault for the next request to ``operation``, counted in ``injected`` (``None``: none)."""
+        with self._lock:
+            kind: str | None = None
+            if self.forced.get(operation):
+                kind = self.forced[operation].pop(0)
+            elif self._bursts.get(operation, 0) > 0:
+                self._bursts[operation] -= 1
+                kind = "429"
+            elif operation in self.operations and self.random.random() < self.rate:
+                kind = self.random.choice(FAULT_KINDS)
+                if kind == "429":
+                    self._bursts[operation] = self.random.randint(0, self.max_burst - 1)
+            if kind is not None:
+                self.injected[kind] += 1
+            return kind
 
 
 class FakeApi:
@@ -65,6 +112,8 @@ class FakeApi:
         self.limited: list[tuple[str, str]] = []   # (method, path) of the requests answered 429
         self._window: list[float] = []
         self._last: dict[str, float] = {}
+        self.faults: FaultSchedule | None = None
+        self.bills: dict[Any, list[float | None]] = {}   # instance id → [created, terminated or None]
         fake = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -81,10 +130,21 @@ class FakeApi:
                     fake.requests.append((method, url.path, body))
                 found = fake.spec.find(method, url.path) if fake.spec is not None else None
                 headers: dict[str, str] = {}
+                fault: str | None = None
                 if self.headers.get("Authorization") != f"Bearer {fake.api_key}":
                     status, answer = fake.unauthorized()
                 elif fake.spec is not None and found is None:
                     status, answer = fake.refuse(404, [f"{method} {url.path}: no such operation in the spec"])
+                elif (fault := fake.fault(method, url.path)) in ("429", "5xx", "timeout"):
+                    if fault == "timeout":  # no answer in time, and nothing done: the client gives up first
+                        time.sleep(fake.faults.delay_s if fake.faults else 0.0)
+                    if fault == "429":
+                        status, answer = fake.too_many(0)
+                        headers["Retry-After"] = "0"
+                        with fake.lock:
+                            fake.limited.append((method, url.path))
+                    else:
+                        status, answer = fake.server_error()
                 elif (retry_after := fake.throttle(method, url.path)) is not None:
                     status, answer = fake.too_many(retry_after)
                     headers["Retry-After"] = str(retry_after)
@@ -102,6 +162,8 @@ class FakeApi:
                             status, answer, *extra = handler(match, body, query)
                             headers.update(*extra)
                             break
+                if fault == "late_answer":  # done, but answered after the client gave up
+                    time.sleep(fake.faults.delay_s if fake.faults else 0.0)
                 content_type = fake.content_type(status)
                 if found is not None:
                     fake.check_answer(found[0], status, answer, content_type)
@@ -160,6 +222,33 @@ class FakeApi:
     def too_many(self, retry_after: int) -> tuple[int, Any]:
         """The provider's 429 body (``Retry-After`` is added)."""
         return 429, {"error": "too many requests"}
+
+    def server_error(self) -> tuple[int, Any]:
+        """The provider's 503 body (an injected 5xx)."""
+        return 503, {"error": "service unavailable"}
+
+    def fault(self, method: str, path: str) -> str | None:
+        """The injected fault for this request (:attr:`faults`), if any."""
+        return self.faults.draw(self._handler_name(method, path)) if self.faults is not None else None
+
+    def bill_start(self, instance_id: Any) -> None:
+        """An instance was made: it is billed from now."""
+        with self.lock:
+            self.bills[instance_id] = [time.monotonic(), None]
+
+    def bill_stop(self, instance_id: Any) -> None:
+        """An instance was terminated: its billing stops now (the first time)."""
+        with self.lock:
+            bill = self.bills.get(instance_id)
+            if bill is not None and bill[1] is None:
+                bill[1] = time.monotonic()
+
+    def billed_seconds(self) -> float:
+        """Seconds billed for every instance made: from create until terminated, or until now."""
+        now = time.monotonic()
+        with self.lock:
+            return sum((end if end is not None else now) - start for start, end in self.bills.values()
+                       if start is not None)
 
     def content_type(self, status: int) -> str:
         """The media type of an answer with ``status``."""
@@ -240,13 +329,15 @@ def free_port() -> int:
 
 class ContainerFake(FakeApi):
     """A fake whose containers are ``timeout <deadline> python -m teibatch serve --api-key <key> <router args>``
-    processes on free 127.0.0.1 ports (``processes``, by instance id); all killed by :meth:`stop`."""
+    processes on free 127.0.0.1 ports (``processes``, by instance id); all killed by :meth:`stop`. With
+    ``containers`` off, an instance gets a port and no process (for tests of the renting machinery alone)."""
 
     def __init__(self, api_key: str, workdir: Path) -> None:
         super().__init__(api_key)
         self.workdir = workdir
         self.processes: dict[Any, subprocess.Popen[bytes]] = {}
         self.entrypoints: dict[str, str] = {}   # instance name → the program its container started with
+        self.containers = True   # False: an instance's container runs no process (tests of renting alone)
 
     def bypassed(self) -> list[str]:
         """The instances whose container did not start with the image's own entrypoint (a CUDA image's)."""
@@ -272,6 +363,8 @@ class ContainerFake(FakeApi):
     def _serve(self, instance_id: Any, name: str, wrapper: list[str], router_args: list[str], api_key: str,
                port: int | None) -> int:
         port = port or free_port()
+        if not self.containers:
+            return port
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         serve = [sys.executable, "-m", "teibatch", "serve", "--hostname", "127.0.0.1", "--port", str(port),
                  "--api-key", api_key, *router_args]

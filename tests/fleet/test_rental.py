@@ -13,6 +13,7 @@ from teibatch.fleet.rental import Rental
 from teibatch.fleet.sweep import sweep
 from tests.fleet.conftest import lambda_client
 from tests.fleet.fake_lambda import FakeLambda
+from tests.fleet.fakehttp import FaultSchedule
 
 
 @pytest.fixture
@@ -60,3 +61,24 @@ def test_fleet_sweep_terminates_an_instance_listed_only_after_its_create_timed_o
     [result] = sweep(ledger, run_id="swept", force=True, waive_export=True)
     assert result.action == "destroyed", result
     assert fake.alive() == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("faults", [
+    pytest.param({"_terminate": ["late_answer"]}, id="terminate-answered-after-acting"),
+    pytest.param({"_terminate": ["timeout"]}, id="terminate-not-answered-nor-done"),
+    pytest.param({"_get": ["timeout", "timeout"]}, id="status-poll-not-answered"),
+    pytest.param({"_list": ["timeout"]}, id="listing-not-answered"),
+])
+def test_teardown_sends_a_call_that_got_no_answer_again(lambda_api: tuple[FakeLambda, LambdaApi], ledger: Ledger,
+                                                        faults: dict[str, list[str]]) -> None:
+    """A terminate, status poll or listing at teardown that the cloud did not answer in time is asked again
+    (a terminate sent twice is harmless): one lost answer is no reason to leave the instance to a sweep."""
+    fake, api = lambda_api
+    rental = Rental(api, ledger, "lost")
+    offers = tuple(o for o in api.offers() if o.key == "gpu_1x_a10")
+    assert rental.rent("teibatch-lost-0", offers, lambda name, offer: api.launch(name, offer, "ci-key")) is not None
+    fake.faults = FaultSchedule(0, rate=0.0, operations=(), delay_s=1.5)   # past the client's 1 s
+    fake.faults.forced = {operation: list(kinds) for operation, kinds in faults.items()}
+    assert rental.terminate_all() == []
+    assert fake.alive() == 0 and sum(fake.faults.injected.values()) == sum(map(len, faults.values()))

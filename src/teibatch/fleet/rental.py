@@ -14,7 +14,8 @@ k-th next one. The run's label is the prefix ``teibatch-<run id>-`` that every n
   up to :data:`LATE_LISTING_S` for a create that never answered to show up);
 * an offer that has no capacity (or is gone) moves on to the next offer;
 * every wait has a deadline; a terminate that finds nothing counts as done, one answered with a
-  429/5xx is sent again until its deadline;
+  429/5xx or not answered in time is sent again until its deadline (sending it again is harmless), and
+  so are the status polls after it and the listing of the run's instances at teardown;
 * an instance that served and that the cloud then stops, or no longer lists, was taken back
   (:meth:`Rental.taken_back`: a spot instance preempted); renting more later goes on with the
   next name, and :attr:`Rental.closing` ends any wait at once (the run is tearing down).
@@ -61,6 +62,11 @@ NAME_PREFIX = "teibatch-"
 def attempt_name(name: str, attempt: int) -> str:
     """The cloud-side name of create call ``attempt`` (0, 1, ...) for server ``name``: unique per attempt."""
     return name if attempt == 0 else f"{name}.{attempt}"
+
+
+def transient(exc: FleetError) -> bool:
+    """Whether a failed API call may succeed when sent again: no answer in time, a 429 or a 5xx."""
+    return isinstance(exc, FleetTimeout) or (isinstance(exc, CloudApiError) and exc.retryable)
 
 
 def slot_of(cloud_name: str) -> str:
@@ -300,16 +306,16 @@ class Rental:
             try:
                 self.api.terminate(item.id)
                 break
-            except CloudApiError as exc:
-                if not exc.retryable or time.monotonic() >= deadline:
+            except (CloudApiError, FleetTimeout) as exc:  # the cloud may have acted on it: sent again, harmless
+                if not transient(exc) or time.monotonic() >= deadline:
                     raise
                 log.warning("%s: %s; sending the terminate again", item.name, exc)
                 time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         while True:
             try:
                 seen = self.api.get(item.id)
-            except CloudApiError as exc:  # a 5xx, or 429s beyond the client's patience: not a failed terminate
-                if not exc.retryable or time.monotonic() >= deadline:
+            except (CloudApiError, FleetTimeout) as exc:  # a 5xx, no answer in time, or 429s beyond the client's
+                if not transient(exc) or time.monotonic() >= deadline:  # patience: not a failed terminate
                     raise
                 log.warning("%s: status unknown after terminate: %s; asking again", item.name, exc)
                 time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
@@ -353,10 +359,20 @@ class Rental:
     def leftovers(self) -> list[CloudInstance]:
         """Every live instance of this run in the cloud, found by the run's label (the name prefix): also those
         no call ever answered for. Waits up to :data:`LATE_LISTING_S` for the instances of create calls that
-        never answered (:attr:`unanswered`) to be listed: a cloud may list an instance a while after making it."""
-        deadline = time.monotonic() + LATE_LISTING_S
+        never answered (:attr:`unanswered`) to be listed: a cloud may list an instance a while after making it.
+        A listing that fails for a while (:func:`transient`) is asked again, for up to :data:`TERMINATE_TIMEOUT_S`."""
+        now = time.monotonic()
+        deadline, give_up = now + LATE_LISTING_S, now + TERMINATE_TIMEOUT_S
         while True:
-            live = [i for i in self.api.list(self.prefix) if i.state is not CloudState.GONE]
+            try:
+                listed = self.api.list(self.prefix)
+            except FleetError as exc:
+                if not transient(exc) or time.monotonic() >= give_up:
+                    raise
+                log.warning("%s: could not list the run's instances: %s; asking again", self.prefix, exc)
+                time.sleep(POLL_S)
+                continue
+            live = [i for i in listed if i.state is not CloudState.GONE]
             self.unanswered -= {found.name for found in live}
             if not self.unanswered or time.monotonic() >= deadline:
                 if self.unanswered:
