@@ -134,7 +134,7 @@ class FakeLambda(FakeApi):
                 "jupyter_token": None, "jupyter_url": None,
                 "unlisted": self.late_listing}
             self.creates.append(dict(body))
-            self.bill_start(instance_id)
+            self.bill_start(instance_id, str(body.get("name") or ""))
             slow = self.slow_launches > 0
             self.slow_launches -= 1 if slow else 0
         if slow:

@@ -169,7 +169,7 @@ class FakeRunPod(ContainerFake):
                    "startedAt": None, "status": "PROVISIONING", "actions": list(_ACTIONS["PROVISIONING"])}
             self.pods[pod_id] = pod
             self.creates.append(dict(body))
-            self.bill_start(pod_id)
+            self.bill_start(pod_id, body["name"])
             self._hidden[pod_id] = self.late_polls
             if self.stuck > 0:
                 self.stuck -= 1

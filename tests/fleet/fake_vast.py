@@ -214,7 +214,7 @@ class FakeVast(ContainerFake):
                         "image_args": body.get("args", [])}
             self.instances[instance_id] = instance
             self.creates.append(dict(body, offer_id=offer_id, sent_env=sent_env))
-            self.bill_start(instance_id)
+            self.bill_start(instance_id, str(body.get("label") or ""))
             self._hidden[instance_id] = self.late_lists
             if self.end_as:
                 instance.update(actual_status=self.end_as.pop(0), status_msg="the container could not start")

@@ -113,7 +113,7 @@ class FakeApi:
         self._window: list[float] = []
         self._last: dict[str, float] = {}
         self.faults: FaultSchedule | None = None
-        self.bills: dict[Any, list[float | None]] = {}   # instance id → [created, terminated or None]
+        self.bills: dict[Any, tuple[str, float, float | None]] = {}   # instance id → (name, created, terminated)
         fake = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -231,24 +231,24 @@ class FakeApi:
         """The injected fault for this request (:attr:`faults`), if any."""
         return self.faults.draw(self._handler_name(method, path)) if self.faults is not None else None
 
-    def bill_start(self, instance_id: Any) -> None:
-        """An instance was made: it is billed from now."""
+    def bill_start(self, instance_id: Any, name: str) -> None:
+        """Instance ``name`` was made: it is billed from now."""
         with self.lock:
-            self.bills[instance_id] = [time.monotonic(), None]
+            self.bills[instance_id] = (name, time.monotonic(), None)
 
     def bill_stop(self, instance_id: Any) -> None:
         """An instance was terminated: its billing stops now (the first time)."""
         with self.lock:
             bill = self.bills.get(instance_id)
-            if bill is not None and bill[1] is None:
-                bill[1] = time.monotonic()
+            if bill is not None and bill[2] is None:
+                self.bills[instance_id] = (bill[0], bill[1], time.monotonic())
 
-    def billed_seconds(self) -> float:
-        """Seconds billed for every instance made: from create until terminated, or until now."""
+    def billed_seconds(self, prefix: str = "") -> float:
+        """Seconds billed for the instances named ``prefix…``: from create until terminated, or until now."""
         now = time.monotonic()
         with self.lock:
-            return sum((end if end is not None else now) - start for start, end in self.bills.values()
-                       if start is not None)
+            return sum((end if end is not None else now) - start for name, start, end in self.bills.values()
+                       if name.startswith(prefix))
 
     def content_type(self, status: int) -> str:
         """The media type of an answer with ``status``."""

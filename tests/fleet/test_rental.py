@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from teibatch.fleet.base import InstanceState
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.providers.lambdacloud import LambdaApi
 from teibatch.fleet.rental import Rental
@@ -82,3 +83,23 @@ def test_teardown_sends_a_call_that_got_no_answer_again(lambda_api: tuple[FakeLa
     fake.faults.forced = {operation: list(kinds) for operation, kinds in faults.items()}
     assert rental.terminate_all() == []
     assert fake.alive() == 0 and sum(fake.faults.injected.values()) == sum(map(len, faults.values()))
+
+
+@pytest.mark.timeout(60)
+def test_fleet_sweep_waits_for_the_instance_of_a_create_its_killed_driver_never_saw_answered(
+        lambda_api: tuple[FakeLambda, LambdaApi], ledger: Ledger) -> None:
+    """The driver wrote the server down and sent its create call, then was killed (SIGKILL) before the answer:
+    the cloud made the instance and lists it only a few lists later. The sweep waits for it, not only for
+    the creates the driver saw time out."""
+    fake, api = lambda_api
+    ledger.begin("killed", provider="lambda", job="killed", config={"kind": "lambda", "gpu": True, "ssh": {}},
+                 export_to=None)
+    offer = next(o for o in api.offers() if o.key == "gpu_1x_a10")
+    # what Rental.rent writes before its create call, then the call itself (its answer lost with the driver)
+    ledger.update("killed", "teibatch-killed-0", InstanceState.REQUESTED, cloud="lambda", create_sent=True,
+                  cloud_name="teibatch-killed-0")
+    fake.late_listing = 4
+    api.launch("teibatch-killed-0", offer, "ci-key")
+    [result] = sweep(ledger, run_id="killed", force=True, waive_export=True)
+    assert result.action == "destroyed", result
+    assert fake.alive() == 0

@@ -156,12 +156,20 @@ class Rental:
 
     @classmethod
     def from_record(cls, api: CloudApi, ledger: Ledger, record: Mapping[str, Any]) -> Rental:
-        """The rental of a recorded run (for ``teibatch fleet sweep``): its instances as the ledger last shows them."""
+        """The rental of a recorded run (for ``teibatch fleet sweep``): its instances as the ledger last shows them.
+
+        A create call the ledger shows sent and never answered (the driver was killed while it was in flight,
+        or before it wrote the answer down) counts as :attr:`unanswered`: teardown waits for its instance
+        to be listed, as the cloud may list it late."""
         rental = cls(api, ledger, str(record["run_id"]))
         for name, entry in record.get("instances", {}).items():
+            state = entry.get("state")
             rental.rented[name] = Rented(name, id=entry.get("cloud_id"), cloud_name=entry.get("cloud_name", name),
-                                         terminated=entry.get("state") == InstanceState.DESTROYED.value)
+                                         terminated=state == InstanceState.DESTROYED.value)
             rental.unanswered.update(entry.get("unanswered", ()))
+            if (entry.get("create_sent") and entry.get("cloud_name") and not entry.get("cloud_id")
+                    and state not in (InstanceState.DESTROYED.value, InstanceState.FAILED.value)):
+                rental.unanswered.add(str(entry["cloud_name"]))
         return rental
 
     @property
