@@ -30,8 +30,8 @@ RECIPE = re.compile(r"<!-- recipe: ([\w-]+) -->\n```python\n(.*?)```", re.S)
 PAGE_DSN = "postgresql://postgres@localhost:5432/postgres"
 # Exact searches must give the reference's ten ids in its order; approximate ones (an ANN index) the
 # same nearest id and at least 9 of its ten.
-EXACT = ("duckdb", "qdrant")
-APPROXIMATE = ("duckdb-vss", "lancedb", "pgvector")
+EXACT = ("duckdb", "lancedb", "qdrant")
+APPROXIMATE = ("duckdb-vss", "pgvector")
 # The Python package each recipe needs, and how a user gets it.
 PACKAGES = {"duckdb": ("duckdb", "pip install duckdb"), "duckdb-vss": ("duckdb", "pip install duckdb"),
             "lancedb": ("lancedb", "pip install lancedb"), "qdrant": ("qdrant_client", "pip install qdrant-client"),

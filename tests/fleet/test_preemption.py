@@ -74,7 +74,9 @@ def spot_job(tmp_path: Path, servers: dict[str, Any], **sections: Any) -> Path:
 
 def check_finished_run(out: Path, summary: Any, ledger: Ledger, alive: Callable[[], int], creates: int) -> None:
     """Every document exactly once, nothing left rented, and the ledger, report and page tell both losses."""
-    assert summary.status == "done" and summary.embedded == DOCUMENTS
+    assert (summary.status, summary.embedded) == ("done", DOCUMENTS), (
+        f"reused {summary.reused}, rejected {dict(summary.rejected)}, committed {summary.shards_committed}, "
+        f"errors {summary.errors}")
     ids = pq.read_table(out / "vectors", columns=["id"]).column("id").to_pylist()
     assert Counter(ids) == Counter(f"d{i:03d}" for i in range(DOCUMENTS))  # every document, exactly once
     assert alive() == 0 and creates == 3  # the first instance and two replacements, all given back

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
+import ray
 
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.landed import InShardProgress
+from teibatch.pipeline.landed import InShardProgress, LandedDocuments, LandedPoll
 from teibatch.pipeline.progress import ETA_MIN_SPAN_S, Eta, JsonLinesReporter, LineReporter
 from tests.conftest import write_jsonl
 
@@ -73,10 +75,10 @@ def test_documents_count_as_their_vectors_land_inside_a_running_shard(
         monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [{"id": f"d{i}", "text": f"document number {i}"} for i in range(6_000)]
     write_jsonl(tmp_path / "corpus" / "docs.jsonl", rows)
-    # A slow-ish server: one request of 16 inputs at a time, each 20 ms at least, so the one shard
-    # takes seconds after the driver's head start (its first 2,048 texts at most).
+    # A slow server: one simulated batch at a time, each at least 2 ms plus the server's own batching, so
+    # the shard takes seconds (about 8 here) and lands in many steps, whatever the machine's load.
     endpoints = tei_servers(1, "--max-client-batch-size", "16", "--max-batch-requests", "1",
-                            "--batch-overhead-s", "0.02")
+                            "--simulate-gpu", "1000000", "--batch-overhead-s", "0.002")
     monkeypatch.setenv("SLOW_KEY", endpoints[0].api_key or "")
     path = job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 10_000},
                     {"provider": "static", "urls": [e.url for e in endpoints], "api_key_env": "SLOW_KEY"},
@@ -109,3 +111,28 @@ def test_documents_counted_inside_a_shard_are_not_counted_again_when_it_ends() -
     assert [(e["event"], e["documents_done"]) for e in events[1:]] == [
         ("progress", 40), ("progress", 60), ("shard_finished", 100), ("progress", 130), ("progress", 150),
         ("shard_finished", 150)]
+
+
+class SlowLanded(LandedDocuments):
+    """An actor that answers each ``take`` only after a while (a starting or starved actor)."""
+
+    def take(self) -> dict[str, int]:
+        time.sleep(0.3)
+        return super().take()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_counts_a_slow_actor_has_not_answered_yet_are_read_later_not_dropped() -> None:
+    actor = ray.remote(num_cpus=0)(SlowLanded).remote()
+    poll = LandedPoll(actor)
+    taken: dict[str, int] = {}
+    for documents in (10, 20, 30):
+        ray.get(actor.add.remote("a", documents))
+        for shard, count in poll.take().items():  # never waits: most calls find the answer not back yet
+            taken[shard] = taken.get(shard, 0) + count
+    deadline = time.monotonic() + 60
+    while taken.get("a", 0) < 60 and time.monotonic() < deadline:
+        for shard, count in poll.take().items():
+            taken[shard] = taken.get(shard, 0) + count
+        time.sleep(0.05)
+    assert taken == {"a": 60}

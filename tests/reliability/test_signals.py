@@ -7,13 +7,15 @@ Each run has its own output, its own private Ray (no ``--ray-address``, no ``RAY
 local servers. Whenever the signal lands, the run must exit 1 with a report whose status is
 ``interrupted`` — or exit 0 with status ``done`` if it finished first — and the same command, run
 again without a signal, must exit 0 with the output of an uninterrupted run: every id once, the
-same vectors. Runs go two at a time (each is a driver, a Ray and two servers).
+same vectors. The interrupted runs are in text mode: their stderr holds teibatch's own lines and no
+other (no Ray log line, no traceback). Runs go two at a time (each is a driver, a Ray and two servers).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -55,9 +57,18 @@ def environment() -> dict[str, str]:
     return env
 
 
-def start(job: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "teibatch", "run", str(job), "-q"], env=environment(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(job: Path, *, quiet: bool = True) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "teibatch", "run", str(job), *(["-q"] if quiet else [])],
+                            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# What teibatch itself writes to stderr in text mode: its timestamped progress lines and its one-line
+# error. Anything else on an interrupted run's stderr (a Ray log line, a traceback) leaked from below.
+OWN_LINE = re.compile(r"(\d\d:\d\d:\d\d |error: )")
+
+
+def foreign_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip() and not OWN_LINE.match(line)]
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
@@ -103,7 +114,7 @@ class Trial:
 def trial(index: int, delay: float, tmp: Path, corpus: Path) -> Trial:
     started = time.monotonic()
     job, out = write_job(tmp, corpus, f"run-{index:02d}")
-    process = start(job)
+    process = start(job, quiet=False)  # text mode: progress lines, and nothing else, on stderr
     time.sleep(delay)
     if process.poll() is None:
         process.send_signal(signal_for(index))
@@ -160,6 +171,8 @@ def test_a_signal_at_a_random_moment_then_the_same_command_finishes(tmp_path: Pa
         elif t.interrupted_status != expected:
             problems.append(f"{run}: exit {t.interrupted_code} with report "
                             f"status {t.interrupted_status}")
+        elif leaked := foreign_lines(t.interrupted_stderr):
+            problems.append(f"{run}: stderr has lines teibatch did not write: {leaked[:3]}")
         if t.resumed_code != 0:
             problems.append(f"run {t.index}: resume exit {t.resumed_code}: {t.resumed_stderr.strip()[-600:]}")
             continue

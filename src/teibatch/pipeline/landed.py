@@ -3,9 +3,9 @@
 A shard is counted done only when it commits; with one large shard that is the end of the run, so
 the shard tasks also say, as vectors come back, how many of their documents have all theirs.
 Each task sums what landed and tells a small actor at most every :data:`REPORT_INTERVAL_S`
-seconds (a call it does not wait for); the driver takes the sums when it wakes anyway and passes
-them to the reporters as ``advance(0, documents, status="running")``. When the shard ends, its
-``advance`` carries only the documents not counted yet (:class:`InShardProgress`).
+seconds (a call it does not wait for); the driver takes the sums when it wakes anyway, never waiting
+(:class:`LandedPoll`), and passes them to the reporters as ``advance(0, documents, status="running")``.
+When the shard ends, its ``advance`` carries only the documents not counted yet (:class:`InShardProgress`).
 """
 
 from __future__ import annotations
@@ -42,15 +42,31 @@ def start_landed() -> Any:
     return ray.remote(num_cpus=0)(LandedDocuments).remote()
 
 
-def landed_since(actor: Any, timeout: float = 2.0) -> dict[str, int]:
-    """What landed per shard since last asked; nothing from a busy or lost actor (progress is no reason
-    to stop a run)."""
-    if actor is None:
-        return {}
-    try:
-        return dict(ray.get(actor.take.remote(), timeout=timeout))
-    except (ray.exceptions.RayError, TimeoutError):
-        return {}
+class LandedPoll:
+    """The driver's side: :meth:`take` never waits; a call the actor has not answered yet stays pending and
+    is read on a later :meth:`take`, so a slow or starting actor delays counts but never drops them (a call
+    given up on would still empty the actor)."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+        self._pending: Any = None
+
+    def take(self) -> dict[str, int]:
+        """What landed per shard since last taken, if the actor has answered; else nothing for now.
+        Nothing either from a lost actor (progress is no reason to stop a run)."""
+        if self._actor is None:
+            return {}
+        if self._pending is None:
+            self._pending = self._actor.take.remote()
+        ready, _ = ray.wait([self._pending], timeout=0)
+        if not ready:
+            return {}
+        ref, self._pending = self._pending, None
+        try:
+            return dict(ray.get(ref))
+        except ray.exceptions.RayError:
+            self._actor = None
+            return {}
 
 
 class ShardLanded:

@@ -38,7 +38,7 @@ from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
-from teibatch.pipeline.landed import InShardProgress, landed_since, start_landed
+from teibatch.pipeline.landed import InShardProgress, LandedPoll, start_landed
 from teibatch.pipeline.moved_texts import index_moved_texts
 from teibatch.pipeline.opening import Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
@@ -474,6 +474,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
     task = as_shard_work(shard_task)
     context_ref = ray.put(context)
     reporter = progress = InShardProgress(reporter)  # documents count as they land, not only as shards end
+    landed = LandedPoll(context.landed)
     queue = list(reversed(tasks))
     in_flight = _tasks_in_flight(job, senders, queue, per_document)
     alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
@@ -506,7 +507,7 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 for line in sender_news(senders):
                     reporter.message(line, event="server_fault")
                 news_due = now + NEWS_INTERVAL_S
-            progress.landed(landed_since(context.landed))
+            progress.landed(landed.take())
             wait = min(LANDED_POLL_S, deadline - now) if deadline is not None else LANDED_POLL_S
             if (to_change := ramp.seconds_to_change(now)) is not None:
                 wait = min(wait, to_change)
