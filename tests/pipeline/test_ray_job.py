@@ -78,9 +78,16 @@ def test_ray_job_submit_runs_teibatch(tmp_path: Path, ray_head_with_jobs: tuple[
     job.write_text(yaml.safe_dump({"corpus": {"path": str(tmp_path / "c"), "id_field": "id", "shard_docs": 10},
                                    "servers": {"provider": "local", "count": 1},
                                    "output": {"path": str(tmp_path / "out")}}))
-    submitted = subprocess.run([f"{VENV_BIN}/ray", "job", "submit", "--address", address, "--",
-                                "teibatch", "run", str(job)], env=env, capture_output=True, text=True,
-                               timeout=240, check=False)
+    # The job server answers before the head's job agent has registered; until then Ray refuses a
+    # submission with "No available agent ... try again later" (slow on a busy machine), so retry that alone.
+    deadline = time.monotonic() + 120
+    while True:
+        submitted = subprocess.run([f"{VENV_BIN}/ray", "job", "submit", "--address", address, "--",
+                                    "teibatch", "run", str(job)], env=env, capture_output=True, text=True,
+                                   timeout=240, check=False)
+        if "No available agent to submit job" not in submitted.stdout + submitted.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
     assert "done: 30 documents embedded" in submitted.stdout
     assert ds.dataset(tmp_path / "out" / "vectors").count_rows() == 30
