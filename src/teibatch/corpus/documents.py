@@ -16,7 +16,7 @@ could still find it (``Malformed.record``).
 Kept fields follow the output's ``KeptFields`` (``kept.py``): a stringified field's value is JSON
 text, any other value must fit its field's type unchanged, or reading stops with a
 ``CorpusMismatch`` naming the file, line, field and both types. Missing or null values are
-``None``. Without a ``KeptFields`` (a reader that writes nothing, such as the head start), values
+``None``. Without a ``KeptFields`` (a reader that writes nothing, such as ``teibatch plan``'s sample), values
 are as ``stringify`` has them: strings for JSON, CSV, text and builtin sources, native for Parquet.
 """
 

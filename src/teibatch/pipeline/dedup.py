@@ -192,10 +192,6 @@ class Dedup:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True))
         return cls(actor_class.remote(), WAIT_TIMEOUTS * request_timeout + WAIT_MARGIN_S)
 
-    def claim_first(self, shard: str, hashes: Iterable[str]) -> None:
-        """Claim for ``shard`` the hashes of the texts the driver sent for it (its head start), before any task runs."""
-        ray.get(self.registry.claim.remote(shard, [hash_key(h) for h in hashes]))
-
     def release(self, shards: Iterable[str]) -> None:
         """The task of ``shards`` has ended: give up what they still own (it does not wait)."""
         self.registry.release.remote(list(shards))

@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from teibatch.corpus import CorpusProbe, KeptFields, Shard, content_hash, plan_shards, probe_corpus
+from teibatch.corpus import CorpusProbe, KeptFields, Shard, plan_shards, probe_corpus
 from teibatch.corpus.overlap import exclusion_note
 from teibatch.crashpoints import crashpoint
 from teibatch.endpoint import Endpoint
@@ -35,7 +35,6 @@ from teibatch.pipeline.chunks import ChunkTally
 from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.dedup import Dedup
-from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
 from teibatch.pipeline.landed import InShardProgress, LandedPoll, start_landed
@@ -296,31 +295,24 @@ def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
             ray_start.wait()
             reinstall(interrupts)
             interrupts.check()
-            # A chunked job gets no head start: its shard tasks send chunks, which only they cut.
-            # Nor does a first shard some of whose documents are duplicates: the driver reads without the index.
-            first = None if previous(pending[0]) or job.chunking.enabled or _moved_lookup(job, manifest) \
-                or (ids is not None and ids.holds(pending[0].id)) else pending[0]
-            opening = Opening(job, options, endpoints, len(pending), first)
+            opening = Opening(job, options, endpoints, len(pending))
             context: ShardContext | None = None
             try:
                 met = time.monotonic()
                 fleet = opening.meet()
                 _check_same_vectors(manifest, fleet, store, job)  # servers the output cannot take get no work
-                senders, head = opening.send(fleet)
+                senders = opening.send(fleet)
                 clock = time.monotonic()
                 summary.timings["fleet_up_s"] = up_s + clock - met
                 context = _shard_context(job, fleet, counter, kept, manifest, store, pending, senders, summary,
                                          reporter, ids)
-                if head is not None and context.dedup is not None:  # the first shard sends them
-                    context.dedup.claim_first(pending[0].id, (content_hash(text, context.hash_options)
-                                                              for text in opening.sent_texts()))
                 waited = opening.wait_for_workers()
                 # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
                 # servers and sending the first texts).
                 summary.timings["warm_up_s"] = met - opening.started + waited
                 reporter.start(len(pending), sum(s.size for s in pending))
                 with _server_watch(job, provider, fleet, options, senders, reporter, summary):
-                    _schedule(_tasks(job, senders, pending, per_document), head, previous, context, tuple(senders),
+                    _schedule(_tasks(job, senders, pending, per_document), previous, context, tuple(senders),
                               manifest, store, summary, reporter, job, interrupts, opening.one_machine, replacements,
                               per_document)
                 summary.timings["embed_s"] = time.monotonic() - clock - waited
@@ -461,13 +453,12 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
     return max(1, min(cpus, len(tasks), to_fill + SPARE_TASKS_PER_SENDER * len(senders)))
 
 
-def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: Callable[[Shard], tuple[str, ...]],
+def _schedule(tasks: list[tuple[Shard, ...]], previous: Callable[[Shard], tuple[str, ...]],
               context: ShardContext, senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore,
               summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool,
               replacements: Replacements, per_document: float = 1.0) -> None:
     """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
 
-    ``head``: the first task's first texts, already sent by the driver (``pipeline/head_start.py``);
     ``replacements``: which shards replace older parts, staged, and when those parts go (``sink/replace.py``);
     ``per_document``: the inputs a document sends (its chunks), as for :func:`_tasks`.
     """
@@ -491,10 +482,9 @@ def _schedule(tasks: list[tuple[Shard, ...]], head: HeadStart | None, previous: 
                 shards = queue.pop()
                 parts = tuple(previous(s) for s in shards)
                 staged = tuple(replacements.supersedes(s.id) for s in shards)
-                running_refs[task.remote(shards, context_ref, senders, parts, head, staged)] = shards
+                running_refs[task.remote(shards, context_ref, senders, parts, staged)] = shards
                 for shard in shards:
                     progress.started(shard.id, shard.size)
-                head = None
             if not queue and not last_started:
                 last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
                 last_started = True

@@ -32,7 +32,6 @@ from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.dedup import CLAIM_BATCH, ShardCopies
-from teibatch.pipeline.head_start import HeadStart
 from teibatch.pipeline.landed import ShardLanded
 from teibatch.pipeline.senders.plans import SenderRef
 from teibatch.pipeline.senders.sending import embed_through_senders, embedded_in_order
@@ -85,12 +84,11 @@ class ShardOutcome:
 
 
 def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[SenderRef, ...],
-               previous: tuple[tuple[str, ...], ...], head: HeadStart | None = None,
-               staged: tuple[bool, ...] = (), ) -> list[ShardOutcome | BaseException]:
+               previous: tuple[tuple[str, ...], ...], staged: tuple[bool, ...] = (),
+               ) -> list[ShardOutcome | BaseException]:
     """The Ray task of one or a few consecutive shards: :func:`process_shard` on each, side by side.
 
-    ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`); ``head``, the
-    first shard's texts that the driver already sent (``pipeline/head_start.py``); ``staged``, per
+    ``previous`` holds, per shard, its earlier parts (see :func:`process_shard`); ``staged``, per
     shard, whether it writes its parts staged (default: none does).
 
     Small shards are handed out together so that one worker process keeps enough documents on their
@@ -113,13 +111,11 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     try:
         if len(shards) == 1:
             outcomes: list[ShardOutcome | BaseException] = [
-                process_shard(shards[0], context, senders, previous[0], head, stage=stage[0])]
+                process_shard(shards[0], context, senders, previous[0], stage=stage[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
-                futures = [pool.submit(process_shard, shard, context, senders, parts, head if index == 0 else None,
-                                       stage=staged_one)
-                           for index, (shard, parts, staged_one) in enumerate(zip(shards, previous, stage,
-                                                                                  strict=True))]
+                futures = [pool.submit(process_shard, shard, context, senders, parts, stage=staged_one)
+                           for shard, parts, staged_one in zip(shards, previous, stage, strict=True)]
             outcomes = [future.exception() or future.result() for future in futures]
     finally:
         # The servers' /tokenize counter, when the chunker counted with it: closed with the task.
@@ -185,8 +181,7 @@ def yield_to_senders() -> None:
 
 
 def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef, ...],
-                  previous_parts: tuple[str, ...] = (), head: HeadStart | None = None, *,
-                  stage: bool = False) -> ShardOutcome:
+                  previous_parts: tuple[str, ...] = (), *, stage: bool = False) -> ShardOutcome:
     """Embed ``shard`` and write its ``vectors/`` and ``rejects/`` parts (and ``documents/`` with
     ``chunking.document_vector``); raise if it cannot finish. With chunking, each chunk of a document
     is embedded as its own row (``pipeline/chunks.py``).
@@ -199,7 +194,6 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     as does one whose text ``context.moved`` finds elsewhere in the earlier output.
     With ``context.dedup``, a text another unit of the run sends is not sent again: its vector
     is copied (``pipeline/dedup.py``).
-    ``head``: its first texts, already sent by the driver (never given with ``previous_parts``).
     ``stage``: the shard replaces older parts, so its vectors and documents parts are written under their
     hidden staged names; the driver renames them once the older ones are gone (``sink/replace.py``).
     """
@@ -228,7 +222,6 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
             moved = context.moved.find(store, (units.hashes[u] for u, _ in fresh
                                                if known.get(units.ids[u], ("",))[0] != units.hashes[u]),
                                        context.schema)
-        head = None
     to_embed: list[int] = []
     reused: Reused = {}
     copies = ShardCopies(shard.id, units.hashes, context.dedup) if context.dedup is not None else None
@@ -301,7 +294,7 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
             # Reading streams into the senders (the first chunk is on its way before the shard is read), and
             # the vectors into the part as they come back: after the last one, only its last group is left.
             for start, result in embedded_in_order(texts_to_embed(), senders, priority=task_started,
-                                                   stream=shard.id, head=head):
+                                                   stream=shard.id):
                 positions = to_embed[start:start + len(result.ok)]
                 take(positions, result)
                 if positions:  # results come in unit order: every document before this unit's has its vectors

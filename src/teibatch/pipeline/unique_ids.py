@@ -75,10 +75,6 @@ class IdIndex:
     losers: dict[str, tuple[int, tuple[int, ...], str]]
     output_options: dict[str, Any] = field(default_factory=dict)
 
-    def holds(self, shard_id: str) -> bool:
-        """Whether some documents of the shard lose their id to an earlier shard."""
-        return shard_id in self.losers
-
     def decision(self, shard_id: str) -> str:
         """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
         records it with the committed shard: a shard committed under another decision (the corpus

@@ -75,7 +75,7 @@ def plan_copies(servers: Sequence[Server], flights: Collection[Flight]) -> list[
     for flight in sorted(flights, key=lambda f: f.order):
         ahead[id(flight)] = queued.get(id(flight.server), 0)
         queued[id(flight.server)] = ahead[id(flight)] + flight.request.chars
-    idle = [s for s in servers if queued[id(s)] == 0 and s.requests_in_flight == 0 and not s.held]
+    idle = [s for s in servers if queued[id(s)] == 0 and s.requests_in_flight == 0]
     candidates = [f for f in flights if f.copy_to is not None and f.twin is None and not f.is_copy and not f.landed]
     candidates.sort(key=lambda f: ahead[id(f)] + f.request.chars, reverse=True)
     copies: list[tuple[Flight, Server]] = []

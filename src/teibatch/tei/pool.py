@@ -92,9 +92,6 @@ class Server:
                                         latency_factor=latency_factor)
         self.in_flight = 0
         self.requests_in_flight = 0
-        # Inputs another client (the driver's first requests, ``pipeline/head_start_requests.py``) may have in flight
-        # here: they count against the window until that client gives them back.
-        self.held = 0
         self.healthy = True
         self.lost = False  # taken back by the cloud: never probed, never put back
         self.failures = 0
@@ -105,7 +102,7 @@ class Server:
         self._counted_at: float | None = None
 
     def __repr__(self) -> str:
-        return (f"Server({self.url!r}, in_flight={self.in_flight}, held={self.held}, {self.window!r}, "
+        return (f"Server({self.url!r}, in_flight={self.in_flight}, {self.window!r}, "
                 f"healthy={self.healthy})")
 
     @property
@@ -118,14 +115,9 @@ class Server:
         return self.limits.max_requests
 
     @property
-    def occupied(self) -> int:
-        """Inputs in flight here as this client counts them: its own and what another client holds."""
-        return self.in_flight + self.held
-
-    @property
     def free(self) -> int:
         """Inputs that may be sent now under the window."""
-        return self.window.limit - self.occupied
+        return self.window.limit - self.in_flight
 
     @property
     def batch_limit(self) -> int:
@@ -215,7 +207,7 @@ class EndpointPool:
             server.stats.first_sent = now
         server.in_flight += count
         server.requests_in_flight += 1
-        server.stats.max_in_flight = max(server.stats.max_in_flight, server.occupied)
+        server.stats.max_in_flight = max(server.stats.max_in_flight, server.in_flight)
 
     def release(self, server: Server, count: int) -> None:
         """``count`` inputs came back from ``server``: its room is free for every caller of the pool."""
@@ -226,54 +218,14 @@ class EndpointPool:
         server.stats.last_answer = now
         self.wake()
 
-    def hold(self, server: Server, inputs: int) -> None:
-        """Another client has up to ``inputs`` inputs in flight to ``server`` from now on (see :attr:`Server.held`)."""
-        now = time.monotonic()
-        self._count_inputs(server, now)
-        if inputs > 0 and server.stats.first_sent is None:
-            server.stats.first_sent = now
-        server.held = max(0, inputs)
-        server.stats.max_in_flight = max(server.stats.max_in_flight, server.occupied)
-
-    def release_held(self, server: Server, inputs: int) -> None:
-        """The other client gave back ``inputs`` of what it held at ``server``: any caller of the pool may use them."""
-        self._count_inputs(server, time.monotonic())
-        server.held = max(0, server.held - inputs)
-        self.wake()
-
-    def others_landed(self, server: Server, other: ServerStats) -> None:
-        """What another client did at ``server``, now that all of it is back: its answers, inputs, summed
-        latency and failed requests count in the server's stats like the pool's own.
-
-        The time it was busy there (from ``other.first_sent``, on this machine's monotonic clock) before
-        this pool held anything counts as busy, its whole budget in flight.
-        """
-        now = time.monotonic()
-        self._count_inputs(server, now)
-        stats, first_sent = server.stats, other.first_sent
-        if first_sent is not None and stats.first_sent is not None and first_sent < stats.first_sent:
-            stats.busy_seconds += stats.first_sent - first_sent
-            stats.input_seconds += server.limits.max_inflight_inputs * (stats.first_sent - first_sent)
-        if first_sent is not None:
-            stats.first_sent = first_sent if stats.first_sent is None else min(stats.first_sent, first_sent)
-        stats.last_answer = now if stats.last_answer is None else max(stats.last_answer, now)
-        stats.requests += other.requests
-        stats.inputs += other.inputs
-        stats.seconds += other.seconds
-        for kind, count in other.errors.items():
-            stats.count_error(kind, count)
-
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
         """Add the time since the last change to the busy time (if a request was out) and to the inputs
-        in flight times time (for the mean in flight), up to every change: exact whenever stats are read.
-
-        Inputs another client holds there (:attr:`Server.held`) count as in flight.
-        """
+        in flight times time (for the mean in flight), up to every change: exact whenever stats are read."""
         if server._counted_at is not None:
             elapsed = now - server._counted_at
-            server.stats.input_seconds += server.occupied * elapsed
-            if server.requests_in_flight or server.held:
+            server.stats.input_seconds += server.in_flight * elapsed
+            if server.requests_in_flight:
                 server.stats.busy_seconds += elapsed
         server._counted_at = now
 

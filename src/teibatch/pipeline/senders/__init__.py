@@ -32,20 +32,14 @@ How the pieces meet:
   names the shards still running when it has started the last task (``SenderActor.last_streams``),
   and each shard says when it has sent its last chunk (``SenderActor.stream_done``; the driver
   says it for a task that ended without doing so).
-* The run's first requests are sent by the driver itself (``pipeline/head_start_requests.py``)
-  until the senders are running (``SenderActor.running``); the senders are told the servers'
-  vector size after the probe (``SenderActor.probed``). A plan says how many inputs the driver may
-  have in flight at each server (``SenderPlan.held``): they count against the sender's window until
-  the driver gives them back (``SenderActor.others_released``); its requests count in the
-  sender's report (``SenderActor.others_landed``); the chunks of those texts wait in the
-  sender for the driver's vectors (``SenderActor.deposit``), the sender embedding only what the
-  driver did not get.
+* Every request of a run is a sender's. The senders get their plans once the servers' ``/info``
+  is read, and are told the servers' vector size after the probe (``SenderActor.probed``): chunks
+  sent before that wait in the sender.
 * A sender that dies (its process, or its node) is restarted by Ray with fresh, full windows; the
   chunks it held fail in the shard task, which sends them again (bounded). A shard task that dies
   leaves nothing counted anywhere: in-flight counts live only inside the sender that sends. A
-  restarted sender does not know which shards are done, and never copies requests; like the
-  requests its predecessor left in the servers' queues, the driver's requests are no longer
-  counted in it (it takes no hold and waits for no vectors from the driver).
+  restarted sender does not know which shards are done, and never copies requests; the requests
+  its predecessor left in the servers' queues are no longer counted in it.
 
 This package re-exports nothing: import from the module that owns a name.
 """

@@ -1,10 +1,7 @@
 """The sender as a Ray actor, and the driver's calls that start, ask and stop the senders.
 
 :class:`SenderActor` hosts one :class:`~teibatch.pipeline.senders.core.SenderCore` in Ray: it takes
-the sender's plan with every chunk (so a sender Ray restarts has it from its first one), and the
-driver's own first requests (``pipeline/head_start_requests.py``) meet the sender here: their
-vectors, their holds on the servers' budgets and their stats, told before or after the sender has
-a plan.
+the sender's plan with every chunk, so a sender Ray restarts has it from its first one.
 """
 
 from __future__ import annotations
@@ -12,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,13 +21,8 @@ from teibatch.endpoint import Endpoint
 from teibatch.pipeline.senders.core import CONNECTIONS_AHEAD, SenderCore, ServerClients, Streams
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import EmbedResult, tls_context
-from teibatch.tei.pool import ServerStats
 
 MAX_SENDER_RESTARTS = 5
-# How long a chunk of the driver's own requests waits for the driver's vectors, in request timeouts (plus
-# a margin): the driver's requests have timed out by then, and the sender embeds the chunk itself.
-DRIVER_WAIT_TIMEOUTS = 2
-DRIVER_WAIT_MARGIN_S = 30.0
 
 
 class SenderActor:
@@ -50,10 +41,6 @@ class SenderActor:
         self.clients = ServerClients()
         self._https = any(server.url.startswith("https:") for server in servers)
         self._probed = asyncio.Event()
-        # The driver's own requests: their vectors per chunk, and what the driver said before this sender had a plan.
-        self.restarted = _restarted()
-        self._deposits: dict[int, asyncio.Future[EmbedResult]] = {}
-        self._driver_early: list[Callable[[SenderCore], None]] = []  # what the driver said before the plan came
         self._connecting: asyncio.Task[None] | None = None
         if servers:
             with contextlib.suppress(RuntimeError):  # no event loop: built outside Ray, connects when called
@@ -77,62 +64,16 @@ class SenderActor:
         """Take ``plan`` and connect to its servers (once), while the servers are probed or the first tasks start."""
         await self._core(plan).connect()
 
-    async def embed(self, texts: list[str], priority: float, plan: SenderPlan, key: int | None = None) -> EmbedResult:
-        """Vectors for ``texts``.
-
-        ``key``: the driver sends these texts itself (``pipeline/head_start_requests.py``); this sender takes
-        its vectors and embeds only the texts it did not get.
-        """
+    async def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
+        """Vectors for ``texts`` (sent once the sender has the probed plan)."""
         core = self._core(plan)
         if core.dimension is None:
             await self._probed.wait()
-        if key is not None and not self.restarted:
-            done = await self._deposit(key, plan)
-            if done is not None:
-                return await core.embed_rest(texts, done, priority)
         return await core.embed(texts, priority)
 
     async def probed(self, plan: SenderPlan) -> None:
         """``plan`` now has the vector size the servers' probe showed: the chunks waiting for it go now."""
         self._core(plan)
-
-    async def deposit(self, key: int, result: EmbedResult) -> None:
-        """The driver's vectors for the chunk sent with ``key`` (``ok`` marks the texts it got)."""
-        future = self._deposits.setdefault(key, asyncio.get_running_loop().create_future())
-        if not future.done():
-            future.set_result(result)
-
-    async def others_landed(self, url: str, stats: ServerStats) -> None:
-        """What the driver's own requests did at ``url``, all of it back: counted in this sender's report."""
-        self._from_driver(lambda core: core.others_landed(url, stats))
-
-    async def others_released(self, url: str, inputs: int) -> None:
-        """The driver gave back ``inputs`` of what it held at ``url``: they are this sender's to use."""
-        self._from_driver(lambda core: core.others_released(url, inputs))
-
-    async def running(self) -> None:
-        """Returns once this sender can send: it has the probed plan and its connections are open."""
-        await self._probed.wait()
-        if self._connecting is not None:
-            await self._connecting
-
-    def _from_driver(self, news: Callable[[SenderCore], None]) -> None:
-        if self.restarted:
-            return  # a restarted sender took no hold: nothing the driver says about it applies
-        if self.core is None:
-            self._driver_early.append(news)
-        else:
-            news(self.core)
-
-    async def _deposit(self, key: int, plan: SenderPlan) -> EmbedResult | None:
-        """The driver's vectors for chunk ``key``; None if they do not come in time (its requests timed out)."""
-        future = self._deposits.setdefault(key, asyncio.get_running_loop().create_future())
-        try:
-            return await asyncio.wait_for(future, DRIVER_WAIT_TIMEOUTS * plan.request_timeout + DRIVER_WAIT_MARGIN_S)
-        except TimeoutError:
-            return None
-        finally:
-            self._deposits.pop(key, None)
 
     async def stream_done(self, stream: str) -> None:
         """Shard ``stream`` has sent its last chunk (see :class:`Streams`)."""
@@ -144,10 +85,7 @@ class SenderActor:
 
     def _core(self, plan: SenderPlan) -> SenderCore:
         if self.core is None:
-            self.core = SenderCore(plan, self.streams, self.clients, takes_holds=not self.restarted)
-            for news in self._driver_early:
-                news(self.core)
-            self._driver_early.clear()
+            self.core = SenderCore(plan, self.streams, self.clients)
         if plan.dimension is not None:
             self.core.probed(plan.dimension)
             self._probed.set()
@@ -174,18 +112,6 @@ class SenderActor:
     async def close(self) -> None:
         if self.core is not None:
             await self.core.close()
-
-
-def _restarted() -> bool:
-    """Whether this is a Ray actor that Ray restarted (False outside Ray)."""
-    if not ray.is_initialized():
-        return False  # tests build senders directly
-    with warnings.catch_warnings():  # Ray's own property reads a deprecated one
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
-        except Exception:  # not an actor
-            return False
 
 
 def launch_senders(groups: Sequence[Sequence[Endpoint]], api_key_env: str | None = None) -> list[Any]:

@@ -11,7 +11,6 @@ import math
 from collections.abc import Callable, Iterable
 
 import httpx
-import numpy as np
 
 from teibatch.crashpoints import crashpoint
 from teibatch.endpoint import Endpoint
@@ -26,7 +25,6 @@ from teibatch.tei import (
     embed_texts,
     tls_settings,
 )
-from teibatch.tei.pool import ServerStats
 
 # Connections a sender opens to each server before the first chunk (TEI's defaults take 16 requests),
 # and how long it waits for one.
@@ -109,13 +107,11 @@ class SenderCore:
     Plain Python so that it can be tested without Ray; ``SenderActor`` (``actor.py``) hosts it in Ray.
     """
 
-    def __init__(self, plan: SenderPlan, streams: Streams | None = None, clients: ServerClients | None = None, *,
-                 takes_holds: bool = True) -> None:
+    def __init__(self, plan: SenderPlan, streams: Streams | None = None, clients: ServerClients | None = None) -> None:
         self.plan = plan
         self.dimension = plan.dimension  # None until the servers' probe (see :meth:`probed`)
         self.streams = streams or Streams()
         self.clients = clients or ServerClients()
-        self.takes_holds = takes_holds  # False in a restarted sender (see the package's docstring)
         self._pool: EndpointPool | None = None
         self._packer: RequestPacker | None = None
         self._admission: OldestFirst | None = None
@@ -127,9 +123,6 @@ class SenderCore:
             plan = self.plan
             servers = [self._server_for(p) for p in plan.servers]
             self._pool = EndpointPool(servers)
-            if self.takes_holds:
-                for server, held in zip(servers, plan.held, strict=False):
-                    self._pool.hold(server, held)
             self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
                                          payload_limit=self._pool.payload_limit)
             self._pool.probe_request = self._packer.probe()
@@ -173,27 +166,6 @@ class SenderCore:
             return await embed_texts(pool, packer, texts, dimension=self.dimension,
                                      max_retries=self.plan.max_retries)
 
-    async def embed_rest(self, texts: list[str], done: EmbedResult, priority: float = 0.0) -> EmbedResult:
-        """``done`` (the driver's vectors for some of ``texts``), completed: the other texts embedded here."""
-        missing = np.flatnonzero(~done.ok)
-        if not len(missing):
-            return done
-        rest = await self.embed([texts[i] for i in missing], priority)
-        # ``dimension`` is set here: :meth:`embed` refuses to run without it.
-        return EmbedResult.assembled(len(texts), self.dimension or 0, [(0, done), (missing, rest)])
-
-    def others_landed(self, url: str, stats: ServerStats) -> None:
-        """What the head start's requests did at ``url`` (see :meth:`EndpointPool.others_landed`)."""
-        pool, server = self._server(url)
-        if server is not None:
-            pool.others_landed(server, stats)
-
-    def others_released(self, url: str, inputs: int) -> None:
-        """The driver gave back ``inputs`` of what it held at ``url`` (see :meth:`EndpointPool.release_held`)."""
-        pool, server = self._server(url)
-        if server is not None:
-            pool.release_held(server, inputs)
-
     def lose(self, url: str, replacement_coming: bool) -> bool:
         """The cloud took the server at ``url`` back (see :meth:`EndpointPool.lose`); with
         ``replacement_coming``, the pool waits for :meth:`add` rather than give up with no server left."""
@@ -223,10 +195,6 @@ class SenderCore:
         return Server(TeiClient(server.endpoint, self.clients.get(server.endpoint.url), timeout=plan.request_timeout,
                                 model=plan.model_id, api_key_env=plan.api_key_env,
                                 expected_dimension=self.dimension, normalized=plan.embed.normalize), server.limits)
-
-    def _server(self, url: str) -> tuple[EndpointPool, Server | None]:
-        pool = self.pool
-        return pool, next((server for server in pool.servers if server.url == url), None)
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per server: requests, inputs, retries, errors, max in flight, busy share (see ``ServerStats``)."""

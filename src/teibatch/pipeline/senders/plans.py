@@ -8,7 +8,7 @@ module and nothing heavier.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -34,11 +34,8 @@ class SenderPlan:
     """What one sender needs: its servers (with their whole limits) and how to talk to them.
 
     ``dimension`` is ``None`` until the servers' probe has shown it: a sender given such a plan
-    connects to its servers, and the chunks sent with it (the driver's head start) wait in the
+    connects to its servers, and the chunks sent with it (the first shard task's) wait in the
     sender until it has the probed plan.
-
-    ``held``: per server, in order, the inputs the head start's requests may have in flight there
-    (``pipeline/head_start_requests.py``); empty when there is none.
     """
 
     servers: tuple[ServerPlan, ...]
@@ -49,15 +46,10 @@ class SenderPlan:
     api_key_env: str | None = None
     request_timeout: float = 60.0
     max_retries: int = 6
-    held: tuple[int, ...] = ()
-
-    def holding(self, held: Mapping[str, int]) -> SenderPlan:
-        """This plan, saying the driver's requests may have ``held[url]`` inputs in flight at each server."""
-        return replace(self, held=tuple(held.get(p.endpoint.url, 0) for p in self.servers))
 
     def with_server(self, server: ServerPlan) -> SenderPlan:
-        """This plan with ``server`` (a replacement) added to its servers; the driver holds nothing there."""
-        return replace(self, servers=(*self.servers, server), held=())
+        """This plan with ``server`` (a replacement) added to its servers."""
+        return replace(self, servers=(*self.servers, server))
 
     @property
     def budget(self) -> int:

@@ -14,7 +14,6 @@ from itertools import islice
 import ray
 
 from teibatch.errors import CapacityUnavailable, SenderFailed
-from teibatch.pipeline.head_start import HeadStart, texts_digest
 from teibatch.pipeline.senders.plans import SenderRef, least_loaded
 from teibatch.tei import EmbedResult
 
@@ -41,16 +40,14 @@ def streams_done(senders: Sequence[SenderRef], streams: Iterable[str]) -> None:
 
 
 def embed_through_senders(texts: Iterable[str], senders: Sequence[SenderRef], dimension: int,
-                          priority: float = 0.0, stream: str | None = None,
-                          head: HeadStart | None = None) -> EmbedResult:
+                          priority: float = 0.0, stream: str | None = None) -> EmbedResult:
     """Embed ``texts`` through ``senders`` and put the results together in order: :func:`embedded_in_order`, merged."""
-    parts = list(embedded_in_order(texts, senders, priority=priority, stream=stream, head=head))
+    parts = list(embedded_in_order(texts, senders, priority=priority, stream=stream))
     return EmbedResult.assembled(sum(len(part.ok) for _, part in parts), dimension, parts)
 
 
 def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priority: float = 0.0,
-                      stream: str | None = None, head: HeadStart | None = None,
-                      ) -> Iterator[tuple[int, EmbedResult]]:
+                      stream: str | None = None) -> Iterator[tuple[int, EmbedResult]]:
     """Embed ``texts`` in chunks over ``senders``; yield ``(start, result)`` per chunk, in text order (in a shard task).
 
     A chunk's result is yielded as soon as it and every chunk before it are back, so that the caller
@@ -69,13 +66,10 @@ def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priori
     servers are all down (``CapacityUnavailable``) is left for this task while another sender lives.
 
     ``stream``: the shard's id, told to every sender once its last chunk is out (see ``Streams`` in ``core.py``).
-
-    ``head``: chunks of the first texts that the driver already sent (``pipeline/head_start.py``);
-    their results are taken as this task's when the first texts are those the driver read.
     """
     all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
     try:
-        yield from _send_in_chunks(texts, senders, priority, all_sent, head)
+        yield from _send_in_chunks(texts, senders, priority, all_sent)
     finally:
         all_sent()  # a shard that failed sends nothing more either
 
@@ -93,7 +87,7 @@ class _Once:
 
 
 def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
-                    all_sent: Callable[[], None], head: HeadStart | None) -> Iterator[tuple[int, EmbedResult]]:
+                    all_sent: Callable[[], None]) -> Iterator[tuple[int, EmbedResult]]:
     """The work of :func:`embedded_in_order`; ``all_sent`` is called once the last chunk is out."""
     chunk_size = min(s.chunk_size for s in senders)
     source = iter(texts)
@@ -101,15 +95,6 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority
     unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
     outstanding: dict[ray.ObjectRef, tuple[int, list[str], int]] = {}
     load = [0] * len(senders)
-    if head is not None:
-        first = list(islice(source, head.count))
-        count = len(first)
-        if count == head.count and texts_digest(first) == head.digest:
-            for sent in head.chunks:
-                outstanding[sent.result] = (sent.start, first[sent.start:sent.start + sent.length], sent.sender)
-                load[sent.sender] += sent.length
-        else:  # not the texts the driver read: these are sent like any others
-            unsent.extend((start, first[start:start + chunk_size]) for start in range(0, count, chunk_size))
     alive = set(range(len(senders)))
     resends: dict[int, int] = {}
     back: dict[int, EmbedResult] = {}  # results that wait for an earlier chunk's
