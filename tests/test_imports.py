@@ -219,6 +219,20 @@ def test_foreign_imports_stay_in_their_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_nothing_below_the_pipeline_reads_the_job() -> None:
+    # The driver turns the job into each package's own options: below it, not even a type names the job.
+    wrong = []
+    for name, path in modules(SRC, "teibatch").items():
+        if layer(group(name)) >= layer("job"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{name} imports {target} (line {node.lineno})" for target in targets
+                      if target == "teibatch.job" or target.startswith("teibatch.job.")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_group_has_a_layer() -> None:
     for name in modules(SRC, "teibatch"):
         layer(group(name))

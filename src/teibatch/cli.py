@@ -144,8 +144,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 
     from teibatch.corpus import probe_corpus
     from teibatch.corpus.overlap import exclusion_note
-    from teibatch.fleet.from_job import check_builtin_model
     from teibatch.job import load_job
+    from teibatch.pipeline.fleet_from_job import check_builtin_model
     from teibatch.sink import OutputStore, check_output_ids
 
     job = load_job(job_file, list(overrides))

@@ -68,8 +68,8 @@ def plan(job_file: str, overrides: tuple[str, ...], bench: tuple[str, ...], as_j
       teibatch plan job.yaml --bench "RTX 4090=bench-4090.json" --bench "A10=bench-a10.json"
       teibatch plan job.yaml --json | jq .cheapest
     """
-    from teibatch.fleet.from_job import check_builtin_model
     from teibatch.job import load_job
+    from teibatch.pipeline.fleet_from_job import check_builtin_model
     from teibatch.pipeline.plan import check_cost_limit, estimate_run
     from teibatch.pipeline.pricing import pricing_lines
 

@@ -160,7 +160,7 @@ def price_cards(job: JobSpec, *, tokens: int, parameters: int | None, offers: li
                 bench: BenchFigures | None = None) -> CloudPricing:
     """The rows and choices of a GPU-cloud job. ``offers`` default: asked from the cloud's API (both
     capacities, whatever the job's), with the environment's key."""
-    from teibatch.fleet.from_job import cloud_api, gpu_want
+    from teibatch.pipeline.fleet_from_job import cloud_api, gpu_want
 
     if offers is None:
         api = cloud_api(job.servers, capacity="any")

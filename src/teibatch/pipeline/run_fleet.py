@@ -1,4 +1,4 @@
-"""The run's fleet: the job's provider (built by :mod:`teibatch.fleet.from_job`), its servers for one run,
+"""The run's fleet: the job's provider (built by :mod:`teibatch.pipeline.fleet_from_job`), its servers for one run,
 and what the ledger recorded of them, for the run report."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from teibatch.errors import FleetError
 from teibatch.fleet.base import LaunchSpec, Provider
 from teibatch.fleet.catalog import billing_rules
 from teibatch.fleet.cost import run_cost
-from teibatch.fleet.from_job import provider_for
 from teibatch.fleet.ledger import Ledger
 from teibatch.fleet.lifecycle import ExportPlan, session
 from teibatch.job import JobSpec
+from teibatch.pipeline.fleet_from_job import provider_for
 
 
 def job_provider(job: JobSpec) -> Provider:

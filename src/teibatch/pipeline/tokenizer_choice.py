@@ -28,7 +28,6 @@ from pathlib import Path
 from teibatch.corpus import find_tokenizer_file
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.errors import TokenizerUnavailable
-from teibatch.fleet.from_job import BUILTIN_MODEL_PREFIX, local_engine
 from teibatch.fleet.providers.local import BACKEND_FLAG as BUILTIN_BACKEND_FLAG
 from teibatch.fleet.providers.local import DEFAULT_BACKEND as BUILTIN_DEFAULT_BACKEND
 from teibatch.fleet.providers.local import server_flag
@@ -41,6 +40,7 @@ from teibatch.pipeline.chunks import (
     CounterSource,
     TokenizeRoute,
 )
+from teibatch.pipeline.fleet_from_job import BUILTIN_MODEL_PREFIX, local_engine
 
 HASHING_MODEL_PREFIX = f"{BUILTIN_MODEL_PREFIX}hashing"
 

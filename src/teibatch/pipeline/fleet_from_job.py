@@ -1,7 +1,7 @@
 """From the job file's ``servers`` section to a configured provider, and to its GPU cloud's API.
 
-The pipeline hands over the section and the few other values a provider needs (the model id, the
-client's payload limit, where the export goes); the job file's other sections stay out of the fleet.
+Here, on the pipeline's side, the job becomes what the fleet takes: the providers' own arguments (the
+model id, the client's payload limit, where the export goes); nothing in ``fleet/`` reads the job.
 Every check that only a provider's construction makes (an API key variable set, an export named
 before volumes are destroyed) raises :class:`~teibatch.errors.JobSpecError` naming the key, before
 anything is launched.
@@ -10,7 +10,6 @@ anything is launched.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from teibatch.errors import JobSpecError
 from teibatch.fleet.base import Provider
@@ -27,9 +26,7 @@ from teibatch.fleet.providers.vast import DEFAULT_MODEL_DIR as VAST_MODEL_DIR
 from teibatch.fleet.providers.vast import SSH_PORT as VAST_SSH_PORT
 from teibatch.fleet.providers.vast import SSH_USER as VAST_SSH_USER
 from teibatch.fleet.shell import SshLogin
-
-if TYPE_CHECKING:
-    from teibatch.job import ServersSection
+from teibatch.job import ServersSection
 
 BUILTIN_MODEL_PREFIX = "teibatch/"  # models only the built-in server serves
 
