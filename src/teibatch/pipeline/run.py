@@ -6,8 +6,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -156,9 +157,8 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 # Ray starts in the background while the servers start; the senders wait for it.
                 if ray_start is None:
                     ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
-                previous = _previous_parts(job, manifest, live)
-                _embed_pending(job, provider, pending, previous, manifest, store, summary, reporter, interrupts,
-                               ray_start, kept, replacements, ids)
+                run = Run(job, provider, store, manifest, summary, reporter, interrupts, replacements, live, ids)
+                run.embed(pending, ray_start, kept)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -166,7 +166,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
         # runs on the main thread) must still end with an honest report.
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
-    except StorageFull as exc:  # written nowhere else: a shard's own is caught by _finish
+    except StorageFull as exc:  # written nowhere else: a shard's own is caught by Run.finish
         summary.storage_full = exc
     except TeibatchError as exc:
         summary.status = "failed"
@@ -261,149 +261,271 @@ def _done(shard: Shard, manifest: Manifest, ids: IdIndex | None) -> bool:
     return entry is not None and entry.duplicates == (ids.decision(shard.id) if ids is not None else "")
 
 
-def _previous_parts(job: JobSpec, manifest: Manifest, live: set[str]) -> Callable[[Shard], tuple[str, ...]]:
-    """Incremental mode: where an earlier run wrote the documents of a shard that changed."""
-    stale = Manifest(manifest.fingerprint, manifest.job_name,
-                     shards={sid: e for sid, e in manifest.shards.items() if sid not in live})
+@dataclass
+class Run:
+    """One run once it holds the output's lock and has a plan: what its phases share, and the phases.
 
-    def previous(shard: Shard) -> tuple[str, ...]:
-        return tuple(stale.parts_reading(shard.sources)) if job.mode == "incremental" else ()
+    :meth:`embed` takes the pending shards through the fleet, the opening, the schedule and each
+    shard's commit (:meth:`finish`); ``live``: the planned shards' ids; ``ids``: which documents lose
+    their id to an earlier shard (``pipeline/unique_ids.py``), ``None`` when no id repeats.
+    """
 
-    return previous
+    job: JobSpec
+    provider: Provider
+    store: OutputStore
+    manifest: Manifest
+    summary: RunSummary
+    reporter: Reporter
+    interrupts: Interrupts
+    replacements: Replacements
+    live: set[str]
+    ids: IdIndex | None = None
+    _stale: Manifest = field(init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        manifest = self.manifest
+        self._stale = Manifest(manifest.fingerprint, manifest.job_name,
+                               shards={sid: e for sid, e in manifest.shards.items() if sid not in self.live})
 
-def _embed_pending(job: JobSpec, provider: Provider, pending: list[Shard],
-                   previous: Callable[[Shard], tuple[str, ...]], manifest: Manifest, store: OutputStore,
-                   summary: RunSummary, reporter: Reporter, interrupts: Interrupts, ray_start: RayStart,
-                   kept: KeptFields | None, replacements: Replacements, ids: IdIndex | None) -> None:
-    """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
-    options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
-                           truncation_direction=job.model.truncation_direction,
-                           prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
-                           on_too_long=job.model.on_too_long, kind=job.model.kind)
-    counter = early_counter(job)  # a tokenizer that cannot be found stops the run before any server starts
-    per_document = chunks_per_document(job, pending)  # what a document sends: tasks are sized by it
-    if supports(provider, Capability.SWEEP):
-        ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
-    clock = time.monotonic()
-    try:
-        with fleet_session(job, provider, summary.run_id) as endpoints:
-            interrupts.check()
-            reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
-                             servers=len(endpoints), provider=provider.name)
-            up_s = time.monotonic() - clock
-            ray_start.wait()
-            reinstall(interrupts)
-            interrupts.check()
-            opening = Opening(job, options, endpoints, len(pending))
-            context: ShardContext | None = None
-            try:
-                met = time.monotonic()
-                fleet = opening.meet()
-                _check_same_vectors(manifest, fleet, store, job)  # servers the output cannot take get no work
-                senders = opening.send(fleet)
-                clock = time.monotonic()
-                summary.timings["fleet_up_s"] = up_s + clock - met
-                context = _shard_context(job, fleet, counter, kept, manifest, store, pending, senders, summary,
-                                         reporter, ids)
-                waited = opening.wait_for_workers()
-                # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
-                # servers and sending the first texts).
-                summary.timings["warm_up_s"] = met - opening.started + waited
-                reporter.start(len(pending), sum(s.size for s in pending))
-                with _server_watch(job, provider, fleet, options, senders, reporter, summary):
-                    _schedule(_tasks(job, senders, pending, per_document), previous, context, tuple(senders),
-                              manifest, store, summary, reporter, job, interrupts, opening.one_machine, replacements,
-                              per_document)
-                summary.timings["embed_s"] = time.monotonic() - clock - waited
-            finally:
-                if context is not None and context.dedup is not None:
-                    ray.kill(context.dedup.registry, no_restart=True)
-                summary.servers = opening.close()
-    finally:  # after teardown: the instances' whole time
-        summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
-        summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
+    def previous(self, shard: Shard) -> tuple[str, ...]:
+        """Incremental mode: where an earlier run wrote the documents of ``shard``, which changed."""
+        return tuple(self._stale.parts_reading(shard.sources)) if self.job.mode == "incremental" else ()
 
+    def embed(self, pending: list[Shard], ray_start: RayStart, kept: KeptFields | None) -> None:
+        """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
+        job, provider, summary, reporter, interrupts = self.job, self.provider, self.summary, self.reporter, \
+            self.interrupts
+        options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
+                               truncation_direction=job.model.truncation_direction,
+                               prompt_name=job.model.prompt_name, dimensions=job.model.dimensions,
+                               on_too_long=job.model.on_too_long, kind=job.model.kind)
+        counter = early_counter(job)  # a tokenizer that cannot be found stops the run before any server starts
+        per_document = chunks_per_document(job, pending)  # what a document sends: tasks are sized by it
+        if supports(provider, Capability.SWEEP):
+            ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
+        clock = time.monotonic()
+        try:
+            with fleet_session(job, provider, summary.run_id) as endpoints:
+                interrupts.check()
+                reporter.message(f"{len(endpoints)} {provider.name} server(s) ready", event="servers_ready",
+                                 servers=len(endpoints), provider=provider.name)
+                up_s = time.monotonic() - clock
+                ray_start.wait()
+                reinstall(interrupts)
+                interrupts.check()
+                opening = Opening(job, options, endpoints, len(pending))
+                context: ShardContext | None = None
+                try:
+                    met = time.monotonic()
+                    fleet = opening.meet()
+                    self.check_same_vectors(fleet)  # servers the output cannot take get no work
+                    senders = opening.send(fleet)
+                    clock = time.monotonic()
+                    summary.timings["fleet_up_s"] = up_s + clock - met
+                    context = self.shard_context(fleet, counter, kept, pending, senders)
+                    waited = opening.wait_for_workers()
+                    # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
+                    # servers and sending the first texts).
+                    summary.timings["warm_up_s"] = met - opening.started + waited
+                    reporter.start(len(pending), sum(s.size for s in pending))
+                    with self.server_watch(fleet, options, senders):
+                        self.schedule(_tasks(job, senders, pending, per_document), context, tuple(senders),
+                                      opening.one_machine, per_document)
+                    summary.timings["embed_s"] = time.monotonic() - clock - waited
+                finally:
+                    if context is not None and context.dedup is not None:
+                        ray.kill(context.dedup.registry, no_restart=True)
+                    summary.servers = opening.close()
+        finally:  # after teardown: the instances' whole time
+            summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
+            summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
-def _shard_context(job: JobSpec, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
-                   manifest: Manifest, store: OutputStore, pending: list[Shard], senders: Sequence[SenderRef],
-                   summary: RunSummary, reporter: Reporter, ids: IdIndex | None) -> ShardContext:
-    """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
-    metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
-    chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
-        if job.chunking.enabled else None
-    size = {"kind": KIND_SPARSE, "vocab_size": fleet.dimension} if fleet.sparse else {"dimension": fleet.dimension}
-    manifest.info = {"model_id": fleet.model_id, **size, "route": fleet.route,
-                     "servers": [s.info.to_json() for s in fleet.servers],
-                     **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
-    if chunking is not None:
-        summary.chunking = ChunkTally()
-        summary.tokenizer = chunking.source.label
-    # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
-    try:
-        quantization = output_quantization(job.output.vector_type, manifest, pending, job.corpus_options(),
-                                           chunking, senders, reporter)
-    finally:
-        if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
-            summary.chunking.add_tokenize(chunking.source.release())
-    moved = index_moved_texts(store, manifest) if _moved_lookup(job, manifest) else None
-    dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
-    corpus = job.corpus_options()
-    options = {**job.vector_options(), "model": fleet.model_id}
-    if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep their hashes)
-        options["kind"] = KIND_SPARSE
-    metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
-    hash_options = options
-    if chunking is not None:  # a chunk's hash covers the chunking options too
-        metadata["chunking"] = chunking_info(chunking, job)
-        hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
-    schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type, quantization=quantization,
-                          keep_float=job.output.keep_float,
-                          kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
-                          chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text,
-                          sparse=fleet.sparse)
-    return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
-                        write=WriteOptions(job.output.compression, job.output.row_group_size),
-                        output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                        chunking=chunking, dedup=dedup, moved=moved, landed=start_landed(), ids=ids)
+    def shard_context(self, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
+                      pending: list[Shard], senders: Sequence[SenderRef]) -> ShardContext:
+        """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
+        metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
+        job, manifest, summary = self.job, self.manifest, self.summary
+        chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
+            if job.chunking.enabled else None
+        size = {"kind": KIND_SPARSE, "vocab_size": fleet.dimension} if fleet.sparse else {"dimension": fleet.dimension}
+        manifest.info = {"model_id": fleet.model_id, **size, "route": fleet.route,
+                         "servers": [s.info.to_json() for s in fleet.servers],
+                         **({"chunking": chunking_info(chunking)} if chunking is not None else {})}
+        if chunking is not None:
+            summary.chunking = ChunkTally()
+            summary.tokenizer = chunking.source.label
+        # int8/uint8: the ranges are fixed before any shard runs, from the manifest or a first sample.
+        try:
+            quantization = output_quantization(job.output.vector_type, manifest, pending, job.corpus_options(),
+                                               chunking, senders, self.reporter)
+        finally:
+            if chunking is not None and summary.chunking is not None:  # the plan's check, the calibration's
+                summary.chunking.add_tokenize(chunking.source.release())
+        # Incremental, with dedup: shards look their texts up by content hash in the whole earlier output.
+        looks_up_moved = job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
+        moved = index_moved_texts(self.store, manifest) if looks_up_moved else None
+        dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
+        corpus = job.corpus_options()
+        options = {**job.vector_options(), "model": fleet.model_id}
+        if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep theirs)
+            options["kind"] = KIND_SPARSE
+        metadata: dict[str, Any] = {"model_id": fleet.model_id, "options": options, "job": job.name}
+        hash_options = options
+        if chunking is not None:  # a chunk's hash covers the chunking options too
+            metadata["chunking"] = chunking_info(chunking, job)
+            hash_options = {**options, "chunking": chunking_info(chunking, job, hashed=True)}
+        schema = VectorSchema(dimension=fleet.dimension, vector_type=job.output.vector_type,
+                              quantization=quantization, keep_float=job.output.keep_float,
+                              kept=dict(kept.types) if kept is not None else {}, metadata=metadata,
+                              chunks=chunking is not None, chunk_text=chunking is not None and chunking.store_text,
+                              sparse=fleet.sparse)
+        return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
+                            write=WriteOptions(job.output.compression, job.output.row_group_size),
+                            output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
+                            chunking=chunking, dedup=dedup, moved=moved, landed=start_landed(), ids=self.ids)
 
+    def server_watch(self, fleet: Fleet, options: EmbedOptions,
+                     senders: Sequence[SenderRef]) -> AbstractContextManager[object]:
+        """For a provider whose servers the cloud may take back mid-run: the watch that replaces them."""
+        job = self.job
+        if not supports(self.provider, Capability.REPLACE):
+            return nullcontext()
 
-def _server_watch(job: JobSpec, provider: Provider, fleet: Fleet, options: EmbedOptions,
-                  senders: Sequence[SenderRef], reporter: Reporter,
-                  summary: RunSummary) -> AbstractContextManager[object]:
-    """For a provider whose servers the cloud may take back mid-run: the watch that replaces them."""
-    if not supports(provider, Capability.REPLACE):
-        return nullcontext()
+        def meet_one(endpoints: list[Endpoint]) -> Fleet:
+            return connect(endpoints, options, requested_route=fleet.route, expected_model=job.model.id,
+                           api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
 
-    def meet_one(endpoints: list[Endpoint]) -> Fleet:
-        return connect(endpoints, options, requested_route=fleet.route, expected_model=job.model.id,
-                       api_key_env=job.servers.api_key_env, timeout=job.client.request_timeout)
+        meet = meet_replacements(meet_one, lambda server: server_limits(job, server), fleet.model_id, fleet.dimension)
+        return ServerWatch(self.provider, senders, meet, self.reporter, self.summary)
 
-    meet = meet_replacements(meet_one, lambda server: server_limits(job, server), fleet.model_id, fleet.dimension)
-    return ServerWatch(provider, senders, meet, reporter, summary)
+    def check_same_vectors(self, fleet: Fleet) -> None:
+        """The first commit fixes the output's model, kind and dimension; servers that differ stop the run
+        here, as does a job with options sparse vectors do not take when the servers turn out to give them."""
+        job, manifest, store = self.job, self.manifest, self.store
+        if fleet.sparse and (conflicts := job.sparse_conflicts()):
+            raise JobSpecError(f"the servers serve {fleet.model_id}, a SPLADE model (model.kind: {job.model.kind}): "
+                               f"{conflicts[0]}", key="model.kind")
+        check_vector_kind(store, manifest, KIND_SPARSE if fleet.sparse else KIND_DENSE)
+        if not manifest.shards or not manifest.info:
+            return
+        dimension = manifest.info.get("vocab_size" if fleet.sparse else "dimension")
+        model = manifest.info.get("model_id")
+        if dimension not in (None, fleet.dimension) or model not in (None, fleet.model_id):
+            raise DimensionMismatch(
+                f"{store.url} holds {dimension}-dimension vectors of {model}, but the servers give {fleet.dimension}-"
+                f"dimension vectors of {fleet.model_id}; point the job at servers with the output's model, or write "
+                "to a new output.path")
 
+    def schedule(self, tasks: list[tuple[Shard, ...]], context: ShardContext, senders: tuple[SenderRef, ...],
+                 one_machine: bool, per_document: float = 1.0) -> None:
+        """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
 
-def _check_same_vectors(manifest: Manifest, fleet: Fleet, store: OutputStore, job: JobSpec) -> None:
-    """The first commit fixes the output's model, kind and dimension; servers that differ stop the run
-    here, as does a job with options sparse vectors do not take when the servers turn out to give them."""
-    if fleet.sparse and (conflicts := job.sparse_conflicts()):
-        raise JobSpecError(f"the servers serve {fleet.model_id}, a SPLADE model (model.kind: {job.model.kind}): "
-                           f"{conflicts[0]}", key="model.kind")
-    check_vector_kind(store, manifest, KIND_SPARSE if fleet.sparse else KIND_DENSE)
-    if not manifest.shards or not manifest.info:
-        return
-    dimension = manifest.info.get("vocab_size" if fleet.sparse else "dimension")
-    model = manifest.info.get("model_id")
-    if dimension not in (None, fleet.dimension) or model not in (None, fleet.model_id):
-        raise DimensionMismatch(
-            f"{store.url} holds {dimension}-dimension vectors of {model}, but the servers give {fleet.dimension}-"
-            f"dimension vectors of {fleet.model_id}; point the job at servers with the output's model, or write "
-            "to a new output.path")
+        ``per_document``: the inputs a document sends (its chunks), as for :func:`_tasks`.
+        """
+        job, summary = self.job, self.summary
+        task = as_shard_work(shard_task)
+        context_ref = ray.put(context)
+        progress = InShardProgress(self.reporter)  # documents count as they land, not only as shards end
+        landed = LandedPoll(context.landed)
+        queue = list(reversed(tasks))
+        in_flight = _tasks_in_flight(job, senders, queue, per_document)
+        alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
+        ramp = TaskRamp(in_flight, os.cpu_count() or 1, time.monotonic(), alone_s=alone_s)
+        running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
+        deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
+        news_due = time.monotonic() + NEWS_INTERVAL_S
+        last_started = False  # the senders know which shards are the last ones (their tail hedging waits for it)
+        try:
+            while queue or running_refs:
+                self.interrupts.check()
+                ramp.tick(time.monotonic())
+                while queue and len(running_refs) < ramp.allowed:
+                    shards = queue.pop()
+                    parts = tuple(self.previous(s) for s in shards)
+                    staged = tuple(self.replacements.supersedes(s.id) for s in shards)
+                    running_refs[task.remote(shards, context_ref, senders, parts, staged)] = shards
+                    for shard in shards:
+                        progress.started(shard.id, shard.size)
+                if not queue and not last_started:
+                    last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
+                    last_started = True
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    summary.errors.append(f"limits.max_runtime ({job.limits.max_runtime:.0f}s) reached")
+                    summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
+                    return
+                if now >= news_due:
+                    for line in sender_news(senders):
+                        progress.message(line, event="server_fault")
+                    news_due = now + NEWS_INTERVAL_S
+                progress.landed(landed.take())
+                wait = min(LANDED_POLL_S, deadline - now) if deadline is not None else LANDED_POLL_S
+                if (to_change := ramp.seconds_to_change(now)) is not None:
+                    wait = min(wait, to_change)
+                done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
+                for ref in done:
+                    shards = running_refs.pop(ref)
+                    ramp.task_finished(time.monotonic())
+                    if last_started:  # also for a task that died before it could say so itself
+                        streams_done(senders, (s.id for s in shards))
+                    if context.dedup is not None:  # what its shards still own, however the task ended
+                        context.dedup.release(s.id for s in shards)
+                    try:
+                        outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
+                    except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
+                        outcomes = [exc] * len(shards)
+                    for shard, outcome in zip(shards, outcomes, strict=True):
+                        self.finish(shard, outcome, progress,
+                                    context.ids.decision(shard.id) if context.ids is not None else "")
+                if summary.storage_full is not None:  # every other write would be refused the same way
+                    summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
+                    return
+        finally:
+            for ref in running_refs:
+                ray.cancel(ref, force=True)
 
-
-def _moved_lookup(job: JobSpec, manifest: Manifest) -> bool:
-    """Whether shards look their texts up by content hash in the whole earlier output (``pipeline/moved_texts.py``)."""
-    return job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
+    def finish(self, shard: Shard, outcome: ShardOutcome | BaseException, reporter: Reporter,
+               duplicates: str = "") -> None:
+        """Commit a finished shard, or count it as not done (and say why, to ``reporter``); then, once its group
+        is all committed, the parts it replaces go and its own take their place (``sink/replace.py``);
+        ``duplicates``: which of its documents lost their id to an earlier shard (``IdIndex.decision``),
+        recorded with it."""
+        summary, manifest = self.summary, self.manifest
+        if isinstance(outcome, BaseException):
+            cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
+            if isinstance(cause, FATAL_ERRORS):
+                raise cause from None
+            summary.shards_failed += 1
+            if isinstance(cause, CorpusMismatch):
+                summary.corpus_errors.append(str(cause))
+            if isinstance(cause, StorageFull):
+                summary.storage_full = summary.storage_full or cause
+            summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
+            reporter.message(f"shard {shard.id} failed: {_cause(outcome)}", event="shard_failed", shard=shard.id)
+            reporter.advance(1, shard.size, shard=shard.id, status="failed")
+            return
+        if not outcome.committable:
+            summary.shards_failed += 1
+            summary.unfinished += outcome.unfinished
+            message = (f"shard {shard.id}: {outcome.unfinished} document(s) failed on the servers "
+                       f"({outcome.unfinished_detail}); not committed, the same command sends them again")
+            summary.errors.append(message)
+            reporter.message(message, event="shard_not_committed", shard=shard.id, unfinished=outcome.unfinished)
+            reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
+            return
+        manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources,
+                        bytes=outcome.part_bytes, staged=outcome.staged, duplicates=duplicates)
+        try:
+            manifest.save(self.store)
+        except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed
+            del manifest.shards[shard.id]
+            self.finish(shard, exc, reporter)
+            return
+        crashpoint("commit")
+        self.replacements.finish(self.store, [shard.id])
+        summary.add(outcome)
+        reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows,
+                         rejects=outcome.rejects)
 
 
 def _tasks(job: JobSpec, senders: Sequence[SenderRef], pending: Sequence[Shard],
@@ -451,120 +573,6 @@ def _tasks_in_flight(job: JobSpec, senders: Sequence[SenderRef], tasks: Sequence
     mean_task = max(1.0, sum(s.size for task in tasks for s in task) * per_document / max(1, len(tasks)))
     to_fill = math.ceil(sum(s.budget for s in senders) / mean_task)
     return max(1, min(cpus, len(tasks), to_fill + SPARE_TASKS_PER_SENDER * len(senders)))
-
-
-def _schedule(tasks: list[tuple[Shard, ...]], previous: Callable[[Shard], tuple[str, ...]],
-              context: ShardContext, senders: tuple[SenderRef, ...], manifest: Manifest, store: OutputStore,
-              summary: RunSummary, reporter: Reporter, job: JobSpec, interrupts: Interrupts, one_machine: bool,
-              replacements: Replacements, per_document: float = 1.0) -> None:
-    """Keep shard tasks running; commit each shard as its task finishes; pass on what the senders report.
-
-    ``replacements``: which shards replace older parts, staged, and when those parts go (``sink/replace.py``);
-    ``per_document``: the inputs a document sends (its chunks), as for :func:`_tasks`.
-    """
-    task = as_shard_work(shard_task)
-    context_ref = ray.put(context)
-    reporter = progress = InShardProgress(reporter)  # documents count as they land, not only as shards end
-    landed = LandedPoll(context.landed)
-    queue = list(reversed(tasks))
-    in_flight = _tasks_in_flight(job, senders, queue, per_document)
-    alone_s = FIRST_TASK_ALONE_S if one_machine else 0.0
-    ramp = TaskRamp(in_flight, os.cpu_count() or 1, time.monotonic(), alone_s=alone_s)
-    running_refs: dict[ray.ObjectRef, tuple[Shard, ...]] = {}
-    deadline = time.monotonic() + job.limits.max_runtime if job.limits.max_runtime else None
-    news_due = time.monotonic() + NEWS_INTERVAL_S
-    last_started = False  # the senders know which shards are the last ones (their tail hedging waits for it)
-    try:
-        while queue or running_refs:
-            interrupts.check()
-            ramp.tick(time.monotonic())
-            while queue and len(running_refs) < ramp.allowed:
-                shards = queue.pop()
-                parts = tuple(previous(s) for s in shards)
-                staged = tuple(replacements.supersedes(s.id) for s in shards)
-                running_refs[task.remote(shards, context_ref, senders, parts, staged)] = shards
-                for shard in shards:
-                    progress.started(shard.id, shard.size)
-            if not queue and not last_started:
-                last_streams(senders, (s.id for shards in running_refs.values() for s in shards))
-                last_started = True
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                summary.errors.append(f"limits.max_runtime ({job.limits.max_runtime:.0f}s) reached")
-                summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
-                return
-            if now >= news_due:
-                for line in sender_news(senders):
-                    reporter.message(line, event="server_fault")
-                news_due = now + NEWS_INTERVAL_S
-            progress.landed(landed.take())
-            wait = min(LANDED_POLL_S, deadline - now) if deadline is not None else LANDED_POLL_S
-            if (to_change := ramp.seconds_to_change(now)) is not None:
-                wait = min(wait, to_change)
-            done, _ = ray.wait(list(running_refs), num_returns=1, timeout=max(0.0, wait))
-            for ref in done:
-                shards = running_refs.pop(ref)
-                ramp.task_finished(time.monotonic())
-                if last_started:  # also for a task that died before it could say so itself
-                    streams_done(senders, (s.id for s in shards))
-                if context.dedup is not None:  # what its shards still own, however the task ended
-                    context.dedup.release(s.id for s in shards)
-                try:
-                    outcomes: list[ShardOutcome | BaseException] = ray.get(ref)
-                except Exception as exc:  # the task itself failed (its worker died too often): every shard of it
-                    outcomes = [exc] * len(shards)
-                for shard, outcome in zip(shards, outcomes, strict=True):
-                    _finish(shard, outcome, manifest, store, summary, reporter, replacements,
-                            context.ids.decision(shard.id) if context.ids is not None else "")
-            if summary.storage_full is not None:  # every other write would be refused the same way
-                summary.shards_failed += sum(len(shards) for shards in [*running_refs.values(), *queue])
-                return
-    finally:
-        for ref in running_refs:
-            ray.cancel(ref, force=True)
-
-
-def _finish(shard: Shard, outcome: ShardOutcome | BaseException, manifest: Manifest, store: OutputStore,
-            summary: RunSummary, reporter: Reporter, replacements: Replacements,
-            duplicates: str = "") -> None:
-    """Commit a finished shard, or count it as not done (and say why); then, once its group is all
-    committed, the parts it replaces go and its own take their place (``sink/replace.py``);
-    ``duplicates``: which of its documents lost their id to an earlier shard (``IdIndex.decision``),
-    recorded with it."""
-    if isinstance(outcome, BaseException):
-        cause = getattr(outcome, "cause", outcome)  # a Ray task error carries the task's own
-        if isinstance(cause, FATAL_ERRORS):
-            raise cause from None
-        summary.shards_failed += 1
-        if isinstance(cause, CorpusMismatch):
-            summary.corpus_errors.append(str(cause))
-        if isinstance(cause, StorageFull):
-            summary.storage_full = summary.storage_full or cause
-        summary.errors.append(f"shard {shard.id}: {_cause(outcome)}")
-        reporter.message(f"shard {shard.id} failed: {_cause(outcome)}", event="shard_failed", shard=shard.id)
-        reporter.advance(1, shard.size, shard=shard.id, status="failed")
-        return
-    if not outcome.committable:
-        summary.shards_failed += 1
-        summary.unfinished += outcome.unfinished
-        message = (f"shard {shard.id}: {outcome.unfinished} document(s) failed on the servers "
-                   f"({outcome.unfinished_detail}); not committed, the same command sends them again")
-        summary.errors.append(message)
-        reporter.message(message, event="shard_not_committed", shard=shard.id, unfinished=outcome.unfinished)
-        reporter.advance(1, shard.size, shard=shard.id, status="not_committed")
-        return
-    manifest.commit(shard.id, outcome.rows, outcome.rejects, summary.run_id, shard.sources,
-                    bytes=outcome.part_bytes, staged=outcome.staged, duplicates=duplicates)
-    try:
-        manifest.save(store)
-    except StorageFull as exc:  # the manifest on disk, whole, does not list the shard: it is not committed
-        del manifest.shards[shard.id]
-        _finish(shard, exc, manifest, store, summary, reporter, replacements)
-        return
-    crashpoint("commit")
-    replacements.finish(store, [shard.id])
-    summary.add(outcome)
-    reporter.advance(1, shard.size, shard=shard.id, status="committed", rows=outcome.rows, rejects=outcome.rejects)
 
 
 def _cause(exc: BaseException) -> str:
