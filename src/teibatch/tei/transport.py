@@ -23,9 +23,12 @@ an answer that is not HTTP
 connection reset (``ClientOSError``), others      ``ReadError``
 ================================================  ==================================
 
-A connection the server closed while idle (a restarted server) is dropped by aiohttp when it sees
-the close, as httpcore does; a POST that meets the close anyway fails with ``RemoteProtocolError``
-under both, and ``TeiClient`` reports it as ``TeiUnavailable`` for the embedder to resend. httpx
+A connection the server closed while idle (a restarted server) is dropped once the event loop has
+seen the close, and the next request opens a new one. httpcore looks at the socket itself before
+each request (the ``poll`` that costs it so much); here a request meets a close the loop has not
+seen yet only if the loop was blocked while the server closed. Then, as under httpx when the close
+comes after its look, the request fails with ``RemoteProtocolError``, ``TeiClient`` reports
+``TeiUnavailable`` and the embedder resends the texts; the next request gets a new connection. httpx
 has no write timeout here (aiohttp has none): a write that stalls is ended by ``TeiClient``'s
 deadline on the whole request, as before.
 """
@@ -46,6 +49,9 @@ from yarl import URL
 from teibatch.tei.client import tls_settings
 
 _HTTP_11 = {"http_version": b"HTTP/1.1"}
+_HTTPX_SETS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+"""Headers aiohttp would add on its own: httpx has set the first three already, and sets no
+``Content-Type`` unless the caller does (aiohttp would say ``application/octet-stream``)."""
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -107,10 +113,10 @@ class _Session:
     def __init__(self, tls: ssl.SSLContext | bool, max_connections: int | None, trust_env: bool) -> None:
         # No cap in the connector: the slots below are the cap, so that waiting for one is told apart
         # (PoolTimeout) from connecting (ConnectTimeout). The response body is read here, whole, and
-        # decoded by httpx from the headers as before: aiohttp adds no headers and decompresses nothing.
+        # decoded by httpx from the headers as before: aiohttp adds no header of its own and decompresses nothing.
         connector = aiohttp.TCPConnector(limit=0, ssl=tls, enable_cleanup_closed=False)
         self.http = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=trust_env,
-                                          skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                                          skip_auto_headers=_HTTPX_SETS,
                                           timeout=aiohttp.ClientTimeout(total=None))
         self.slots = asyncio.Semaphore(max_connections) if max_connections is not None else None
 
@@ -139,7 +145,7 @@ class _Session:
                 return response.status, list(response.raw_headers), content
         except aiohttp.ClientError as exc:
             raise httpx_error(exc, request) from exc
-        except (TimeoutError, asyncio.TimeoutError) as exc:  # aiohttp's own timeouts are ServerTimeoutError; any other is a read's
+        except (TimeoutError, asyncio.TimeoutError) as exc:  # aiohttp's own are ServerTimeoutError; others: a read's
             raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
 
     async def close(self) -> None:
