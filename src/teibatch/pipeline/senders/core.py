@@ -24,7 +24,7 @@ from teibatch.tei import (
     Server,
     TeiClient,
     embed_texts,
-    tls_settings,
+    open_client,
 )
 from teibatch.tei.pool import ServerStats
 
@@ -75,8 +75,7 @@ class ServerClients:
     def get(self, url: str) -> httpx.AsyncClient:
         """The client of the server at ``url``."""
         if url not in self._clients:
-            self._clients[url] = httpx.AsyncClient(verify=tls_settings(url), limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=None))
+            self._clients[url] = open_client([url])
         return self._clients[url]
 
     async def open(self, endpoints: Iterable[Endpoint], per_server: int, api_key_env: str | None) -> None:
