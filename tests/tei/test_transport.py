@@ -242,3 +242,16 @@ def test_a_closed_client_refuses_and_so_does_its_transport(tei: Start) -> None:
 def test_a_cap_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_connections"):
         AiohttpTransport(max_connections=0)
+
+
+@pytest.mark.parametrize("make", [pytest.param(lambda url: httpx.AsyncClient(), id="httpx"),
+                                  pytest.param(lambda url: open_client([url]), id="open_client")])
+def test_a_cookie_an_answer_sets_is_kept_as_httpx_keeps_it(make: Callable[[str], httpx.AsyncClient]) -> None:
+    """A proxy's sticky-session cookie, say: answers are read for cookies only when they set one."""
+
+    async def main() -> dict[str, str]:
+        async with answering(200, b"{}", {"Set-Cookie": "sticky=abc; Path=/"}) as url, make(url) as http:
+            await http.get(url + "/health")
+            return dict(http.cookies)
+
+    assert run(main) == {"sticky": "abc"}
