@@ -14,9 +14,10 @@ Not a test: it prints numbers, each beside a baseline measured in the same run.
    (``time.process_time``); the server runs in its own process. Also the decoders alone, on one
    answer of each kind, beside ``json.loads``.
 3. **HTTP client CPU per vector**: the same base64 requests of 32 texts (384 dimensions), 16 in flight,
-   sent and read whole by a plain ``httpx.AsyncClient`` (httpcore's pool) and by the client
-   :func:`teibatch.tei.open_client` builds (httpx over aiohttp, ``tei/transport.py``); nothing decoded,
-   so the CPU is the HTTP client's. With ``--floor PATH`` it also runs that one-process floor script
+   sent and read whole by a plain ``httpx.AsyncClient`` (httpcore's pool), by the client
+   :func:`teibatch.tei.open_client` builds (httpx over aiohttp, ``tei/transport.py``) and by a bare
+   ``aiohttp.ClientSession``; nothing decoded, so the CPU is the HTTP client's (the least of
+   ``--repeats`` runs, taken in turns). With ``--floor PATH`` it also runs that one-process floor script
    (``--client both``) and prints its ``HTTP (httpx)`` and ``HTTP (aiohttp)`` stages beside them.
 
 Run (about 2 minutes on 2 cores)::
@@ -31,16 +32,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 import orjson
@@ -178,25 +181,48 @@ def cpu_per_million(args: argparse.Namespace) -> dict[str, Any]:
 
 HTTP_BATCH = 32
 HTTP_INFLIGHT = 16
-HTTP_CLIENTS: dict[str, Callable[[str], httpx.AsyncClient]] = {
-    "httpx (httpcore pool)": lambda url: httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)),
-    "httpx over aiohttp (open_client)": lambda url: open_client([url]),
-}
+Post = Callable[[bytes], Awaitable[None]]
 
 
-async def _post_all(make: Callable[[str], httpx.AsyncClient], url: str, headers: dict[str, str],
-                    bodies: list[bytes]) -> None:
-    """Every body, ``HTTP_INFLIGHT`` at a time, each answer read whole and not decoded."""
-    queue = iter(bodies)  # shared by the workers: each takes the next body
-
-    async def worker(http: httpx.AsyncClient) -> None:
-        for body in queue:
+@contextlib.asynccontextmanager
+async def _httpx_poster(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[Post]:
+    async with http:
+        async def post(body: bytes) -> None:
             response = await http.post(url, content=body, headers=headers)
             assert response.status_code == 200, response.status_code
 
-    async with make(url) as http:
-        await asyncio.gather(*(worker(http) for _ in range(HTTP_INFLIGHT)))
+        yield post
+
+
+@contextlib.asynccontextmanager
+async def _aiohttp_poster(url: str, headers: dict[str, str]) -> AsyncIterator[Post]:
+    async with aiohttp.ClientSession() as session:
+        async def post(body: bytes) -> None:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                assert response.status == 200, response.status
+
+        yield post
+
+
+HTTP_CLIENTS: dict[str, Callable[[str, dict[str, str]], contextlib.AbstractAsyncContextManager[Post]]] = {
+    "httpx (httpcore pool)": lambda url, headers: _httpx_poster(httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)), url, headers),
+    "httpx over aiohttp (open_client)": lambda url, headers: _httpx_poster(open_client([url]), url, headers),
+    "aiohttp alone (one ClientSession)": _aiohttp_poster,
+}
+
+
+async def _post_all(client: contextlib.AbstractAsyncContextManager[Post], bodies: list[bytes]) -> None:
+    """Every body, ``HTTP_INFLIGHT`` at a time, each answer read whole and not decoded."""
+    queue = iter(bodies)  # shared by the workers: each takes the next body
+
+    async def worker(post: Post) -> None:
+        for body in queue:
+            await post(body)
+
+    async with client as post:
+        await asyncio.gather(*(worker(post) for _ in range(HTTP_INFLIGHT)))
 
 
 def _floor_http(path: Path, documents: int) -> dict[str, float]:
@@ -212,7 +238,8 @@ def _floor_http(path: Path, documents: int) -> dict[str, float]:
 
 
 def http_cpu(args: argparse.Namespace) -> dict[str, Any]:
-    """HTTP client CPU µs per vector: plain httpx, httpx over aiohttp, and (``--floor``) the floor's two."""
+    """HTTP client CPU µs per vector: plain httpx, httpx over aiohttp, aiohttp alone, and (``--floor``) the
+    floor script's httpx and aiohttp."""
     provider = LocalProvider(1, server_args=["--dimension", "384", "--max-concurrent-requests", "1024"],
                              startup_timeout=60)
     (endpoint,) = provider.up()
@@ -224,13 +251,18 @@ def http_cpu(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"vectors": len(texts), "texts_per_request": HTTP_BATCH, "in_flight": HTTP_INFLIGHT,
                                "dimension": 384, "us_per_vector": {}}
     try:
-        for name, make in HTTP_CLIENTS.items():
-            asyncio.run(_post_all(make, url, headers, bodies[:64]))  # warm-up: imports, first connections
-            cpu, wall = time.process_time(), time.monotonic()
-            asyncio.run(_post_all(make, url, headers, bodies))
-            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-            results["us_per_vector"][name] = round(cpu / len(texts) * 1e6, 1)
-            results[f"wall_s {name}"] = round(wall, 2)
+        for make in HTTP_CLIENTS.values():
+            asyncio.run(_post_all(make(url, headers), bodies[:64]))  # warm-up: imports, first connections
+        # Taken in turns, the least of --repeats each: the server shares the CPUs, and a slower answer
+        # costs the client more wake-ups per request.
+        measured: dict[str, list[float]] = {name: [] for name in HTTP_CLIENTS}
+        for _ in range(args.repeats):
+            for name, make in HTTP_CLIENTS.items():
+                cpu = time.process_time()
+                asyncio.run(_post_all(make(url, headers), bodies))
+                measured[name].append((time.process_time() - cpu) / len(texts) * 1e6)
+        results["us_per_vector"] = {name: round(min(runs), 1) for name, runs in measured.items()}
+        results["all_runs_us_per_vector"] = {name: [round(r, 1) for r in runs] for name, runs in measured.items()}
     finally:
         provider.down()
     if args.floor is not None:
@@ -246,6 +278,7 @@ def main() -> int:
     parser.add_argument("--words", type=int, default=60, help="words per document (about one token each)")
     parser.add_argument("--vectors", type=int, default=16_384, help="vectors per CPU measurement")
     parser.add_argument("--http-vectors", type=int, default=64_000, help="vectors per HTTP client measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="HTTP measurements per client (the least is shown)")
     parser.add_argument("--floor", type=Path, help="the one-process floor script, run beside the HTTP section")
     parser.add_argument("--floor-documents", type=int, default=100_000, help="documents for the floor script")
     parser.add_argument("--skip-capacity", action="store_true")
