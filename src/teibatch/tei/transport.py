@@ -114,7 +114,7 @@ class _Session:
         # No cap in the connector: the slots below are the cap, so that waiting for one is told apart
         # (PoolTimeout) from connecting (ConnectTimeout). The response body is read here, whole, and
         # decoded by httpx from the headers as before: aiohttp adds no header of its own and decompresses nothing.
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls, enable_cleanup_closed=False)
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls)
         self.http = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=trust_env,
                                           skip_auto_headers=_HTTPX_SETS,
                                           timeout=aiohttp.ClientTimeout(total=None))
