@@ -4,24 +4,19 @@ The TEI client takes an ``httpx.AsyncClient`` (``tei/client.py``), and that stay
 carries the bytes under it is :class:`AiohttpTransport`: one ``aiohttp.ClientSession`` per server, its
 keep-alive connections pinned to that server. httpx's own pool (httpcore) looks at every connection
 it holds on each request (a ``poll`` and a ``getpeername`` each), and anyio registers each read with
-epoll again; together about 40 µs of the sender's CPU per vector at 32 texts a request, where
-aiohttp's connector takes the last idle connection off a list (``docs/benchmarks.md``).
+epoll again, where aiohttp's connector takes the last idle connection off a list: at 32 texts a
+request, 38 µs of CPU per vector under plain httpx, 12.5 over this transport (``docs/benchmarks.md``).
 
 Every aiohttp error becomes the matching httpx exception here, at this one boundary
 (``raise ... from exc``), so that ``TeiClient`` and the code that branches on httpx types
-(``bench/measure.py``) see what they saw under httpx:
+(``bench/measure.py``) see what they saw under httpx (the list in :func:`httpx_error`):
 
-================================================  ==================================
-aiohttp                                           httpx
-================================================  ==================================
-connect refused, DNS, TLS (``ClientConnectorError``)  ``ConnectError``
-``ConnectionTimeoutError`` (connect)              ``ConnectTimeout``
-no free connection within the pool timeout        ``PoolTimeout``
-``SocketTimeoutError`` (a read), other timeouts   ``ReadTimeout``
-``ServerDisconnectedError``, a cut-off body,      ``RemoteProtocolError``
-an answer that is not HTTP
-connection reset (``ClientOSError``), others      ``ReadError``
-================================================  ==================================
+* refused, DNS, TLS (``ClientConnectorError``) → ``ConnectError``;
+* ``ConnectionTimeoutError`` → ``ConnectTimeout``; no free connection within the pool timeout →
+  ``PoolTimeout``; ``SocketTimeoutError`` (a read) and any other timeout → ``ReadTimeout``;
+* ``ServerDisconnectedError``, a body cut short (``ClientPayloadError``), an answer that is not
+  HTTP (``ClientResponseError``) → ``RemoteProtocolError``;
+* a reset (``ClientOSError``) and anything else aiohttp raises → ``ReadError``.
 
 A connection the server closed while idle (a restarted server) is dropped once the event loop has
 seen the close, and the next request opens a new one. httpcore looks at the socket itself before
@@ -154,7 +149,7 @@ class _Session:
 
 
 def httpx_error(exc: aiohttp.ClientError, request: httpx.Request) -> httpx.TransportError:
-    """The httpx exception that stands for ``exc`` (the table in this module's docstring)."""
+    """The httpx exception that stands for ``exc`` (the list in this module's docstring)."""
     message = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return httpx.ConnectTimeout(message, request=request)
@@ -200,7 +195,9 @@ class _AnswerCookies(httpx.Cookies):
 class TeiHttpClient(httpx.AsyncClient):
     """An ``httpx.AsyncClient`` whose cookies are :class:`_AnswerCookies`; everything else is httpx's."""
 
-    _answer_cookies: httpx.Cookies
+    def __init__(self, *, transport: httpx.AsyncBaseTransport) -> None:
+        super().__init__(transport=transport)
+        self.cookies = httpx.Cookies()
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -221,6 +218,4 @@ def open_client(urls: Iterable[str], max_connections: int | None = None) -> http
     """
     transport = AiohttpTransport(verify=tls_settings(*urls), max_connections=max_connections,
                                  trust_env=_proxies_in_env())
-    client = TeiHttpClient(transport=transport)
-    client.cookies = httpx.Cookies()
-    return client
+    return TeiHttpClient(transport=transport)
