@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+import aiohttp
 import httpx
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import PayloadTooLarge, TeiOverloaded, TeiUnavailable
 from teibatch.server import HashingEmbedder
 from teibatch.tei import ROUTE_EMBED, EmbedOptions, EmbedRequest, RequestPacker, TeiClient
-from teibatch.tei.transport import AiohttpTransport, open_client
+from teibatch.tei.transport import AiohttpTransport, httpx_error, open_client
 from tests.tei.conftest import ServerHandle, free_port
 
 Start = Callable[..., ServerHandle]
@@ -255,3 +256,17 @@ def test_a_cookie_an_answer_sets_is_kept_as_httpx_keeps_it(make: Callable[[str],
             return dict(http.cookies)
 
     assert run(main) == {"sticky": "abc"}
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    pytest.param(aiohttp.ConnectionTimeoutError("connect"), httpx.ConnectTimeout, id="connect-timeout"),
+    pytest.param(aiohttp.SocketTimeoutError("read"), httpx.ReadTimeout, id="read-timeout"),
+    pytest.param(aiohttp.ServerDisconnectedError(), httpx.RemoteProtocolError, id="disconnected"),
+    pytest.param(aiohttp.ClientPayloadError("cut short"), httpx.RemoteProtocolError, id="payload"),
+    pytest.param(aiohttp.ClientOSError(104, "reset"), httpx.ReadError, id="reset"),
+])
+def test_each_aiohttp_error_has_its_httpx_type(error: aiohttp.ClientError, expected: type[httpx.HTTPError]) -> None:
+    """The cases a loopback server cannot make at will (a connect that times out), and the rest."""
+    request = httpx.Request("POST", "http://127.0.0.1:9/embed")
+    mapped = httpx_error(error, request)
+    assert type(mapped) is expected and mapped.request is request
