@@ -18,7 +18,6 @@ from teibatch.tei import (
     ServerInfo,
     TeiClient,
     choose_route,
-    open_client,
 )
 
 
@@ -70,6 +69,8 @@ def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route
 async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_route: str,
                    expected_model: str | None, api_key_env: str | None, timeout: float,
                    before_probe: Callable[[ServersMet], None] | None) -> Fleet:
+    from teibatch.tei import open_client  # aiohttp loads here, not when the driver's modules are imported
+
     async with open_client([e.url for e in endpoints]) as http:
         clients = [TeiClient(e, http, timeout=timeout) for e in endpoints]
         infos = await asyncio.gather(*(_read_info(client, api_key_env, options) for client in clients))
