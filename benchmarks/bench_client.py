@@ -13,10 +13,17 @@ Not a test: it prints numbers, each beside a baseline measured in the same run.
    ``response.json()`` + ``numpy``) against the same server. CPU is this process's
    (``time.process_time``); the server runs in its own process. Also the decoders alone, on one
    answer of each kind, beside ``json.loads``.
+3. **HTTP client CPU per vector**: the same base64 requests of 32 texts (384 dimensions), 16 in flight,
+   sent and read whole by a plain ``httpx.AsyncClient`` (httpcore's pool), by the client
+   :func:`teibatch.tei.open_client` builds (httpx over aiohttp, ``tei/transport.py``) and by a bare
+   ``aiohttp.ClientSession``; nothing decoded, so the CPU is the HTTP client's (the least of
+   ``--repeats`` runs, taken in turns). With ``--floor PATH`` it also runs that one-process floor script
+   (``--client both``) and prints its ``HTTP (httpx)`` and ``HTTP (aiohttp)`` stages beside them.
 
 Run (about 2 minutes on 2 cores)::
 
     .venv/bin/python benchmarks/bench_client.py
+    .venv/bin/python benchmarks/bench_client.py --skip-capacity --skip-cpu --floor floor.py   # HTTP only
 
 Only 127.0.0.1 is used; every server is stopped at the end, whatever happens.
 """
@@ -25,14 +32,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
+import orjson
 from corpora import synthetic_text
 
 from teibatch.endpoint import Endpoint
@@ -50,6 +64,7 @@ from teibatch.tei import (
     TeiClient,
     choose_route,
     embed_texts,
+    open_client,
 )
 from teibatch.tei.decode import decode_base64, decode_embed
 
@@ -60,7 +75,7 @@ def documents(count: int, words: int, seed: int = 0) -> list[str]:
 
 async def _embed(endpoints: list[Endpoint], texts: list[str], route: str,
                  dimension: int) -> tuple[dict[str, Any], str]:
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=400, max_keepalive_connections=400)) as http:
+    async with open_client([e.url for e in endpoints]) as http:
         servers, infos = [], []
         for endpoint in endpoints:
             client = TeiClient(endpoint, http)
@@ -164,6 +179,97 @@ def cpu_per_million(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+HTTP_BATCH = 32
+HTTP_INFLIGHT = 16
+Post = Callable[[bytes], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _httpx_poster(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[Post]:
+    async with http:
+        async def post(body: bytes) -> None:
+            response = await http.post(url, content=body, headers=headers)
+            assert response.status_code == 200, response.status_code
+
+        yield post
+
+
+@contextlib.asynccontextmanager
+async def _aiohttp_poster(url: str, headers: dict[str, str]) -> AsyncIterator[Post]:
+    async with aiohttp.ClientSession() as session:
+        async def post(body: bytes) -> None:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                assert response.status == 200, response.status
+
+        yield post
+
+
+HTTP_CLIENTS: dict[str, Callable[[str, dict[str, str]], contextlib.AbstractAsyncContextManager[Post]]] = {
+    "httpx (httpcore pool)": lambda url, headers: _httpx_poster(httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)), url, headers),
+    "httpx over aiohttp (open_client)": lambda url, headers: _httpx_poster(open_client([url]), url, headers),
+    "aiohttp alone (one ClientSession)": _aiohttp_poster,
+}
+
+
+async def _post_all(client: contextlib.AbstractAsyncContextManager[Post], bodies: list[bytes]) -> None:
+    """Every body, ``HTTP_INFLIGHT`` at a time, each answer read whole and not decoded."""
+    queue = iter(bodies)  # shared by the workers: each takes the next body
+
+    async def worker(post: Post) -> None:
+        for body in queue:
+            await post(body)
+
+    async with client as post:
+        await asyncio.gather(*(worker(post) for _ in range(HTTP_INFLIGHT)))
+
+
+def _floor_http(path: Path, documents: int) -> dict[str, float]:
+    """The floor script's HTTP stages, CPU µs per vector, for httpx and aiohttp (run beside, in its own process)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "floor.jsonl"
+        subprocess.run([sys.executable, str(path), "--documents", str(documents), "--dimension", "384",
+                        "--client", "both", "--inflight", str(HTTP_INFLIGHT), "--json", str(out)],
+                       check=True, stdout=subprocess.DEVNULL, timeout=1800)
+        runs = [json.loads(line) for line in out.read_text().splitlines()]
+    return {f"floor.py {r['client']}": round(r["stages"][f"HTTP ({r['client']})"] / r["vectors"] * 1e6, 1)
+            for r in runs}
+
+
+def http_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    """HTTP client CPU µs per vector: plain httpx, httpx over aiohttp, aiohttp alone, and (``--floor``) the
+    floor script's httpx and aiohttp."""
+    provider = LocalProvider(1, server_args=["--dimension", "384", "--max-concurrent-requests", "1024"],
+                             startup_timeout=60)
+    (endpoint,) = provider.up()
+    url = f"{endpoint.url}/v1/embeddings"
+    headers = {"content-type": "application/json", "authorization": f"Bearer {endpoint.api_key}"}
+    texts = documents(args.http_vectors, 24, seed=5)
+    bodies = [orjson.dumps({"input": texts[i:i + HTTP_BATCH], "encoding_format": "base64"})
+              for i in range(0, len(texts), HTTP_BATCH)]
+    results: dict[str, Any] = {"vectors": len(texts), "texts_per_request": HTTP_BATCH, "in_flight": HTTP_INFLIGHT,
+                               "dimension": 384, "us_per_vector": {}}
+    try:
+        for make in HTTP_CLIENTS.values():
+            asyncio.run(_post_all(make(url, headers), bodies[:64]))  # warm-up: imports, first connections
+        # Taken in turns, the least of --repeats each: the server shares the CPUs, and a slower answer
+        # costs the client more wake-ups per request.
+        measured: dict[str, list[float]] = {name: [] for name in HTTP_CLIENTS}
+        for _ in range(args.repeats):
+            for name, make in HTTP_CLIENTS.items():
+                cpu = time.process_time()
+                asyncio.run(_post_all(make(url, headers), bodies))
+                measured[name].append((time.process_time() - cpu) / len(texts) * 1e6)
+        results["us_per_vector"] = {name: round(min(runs), 1) for name, runs in measured.items()}
+        results["all_runs_us_per_vector"] = {name: [round(r, 1) for r in runs] for name, runs in measured.items()}
+    finally:
+        provider.down()
+    if args.floor is not None:
+        results["us_per_vector"].update(_floor_http(args.floor, args.floor_documents))
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=4)
@@ -171,8 +277,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=25.0, help="planned length of each capacity run")
     parser.add_argument("--words", type=int, default=60, help="words per document (about one token each)")
     parser.add_argument("--vectors", type=int, default=16_384, help="vectors per CPU measurement")
+    parser.add_argument("--http-vectors", type=int, default=64_000, help="vectors per HTTP client measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="HTTP measurements per client (the least is shown)")
+    parser.add_argument("--floor", type=Path, help="the one-process floor script, run beside the HTTP section")
+    parser.add_argument("--floor-documents", type=int, default=100_000, help="documents for the floor script")
     parser.add_argument("--skip-capacity", action="store_true")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--skip-http", action="store_true")
     args = parser.parse_args()
     print(f"# bench_client on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     report: dict[str, Any] = {}
@@ -185,6 +296,12 @@ def main() -> int:
         for name in ("embed", "base64"):
             cpu[name]["vs_plain"] = round(cpu["plain_json_httpx"]["cpu_s_per_1M"] / cpu[name]["cpu_s_per_1M"], 2)
         print(json.dumps({"cpu": cpu}, indent=2), flush=True)
+    if not args.skip_http:
+        report["http"] = http_cpu(args)
+        print(json.dumps({"http": report["http"]}, indent=2), flush=True)
+        print("\n| HTTP client | CPU µs/vector |\n|---|---:|")
+        for name, micros in report["http"]["us_per_vector"].items():
+            print(f"| {name} | {micros} |")
     ok = all(run["ratio"] >= 0.95 for run in report.get("capacity", {}).values() if isinstance(run, dict))
     print(f"# capacity target (>= 95% of summed configured rate): {'met' if ok else 'NOT met'}")
     return 0 if ok else 1

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import httpx
-
 from teibatch.bench.grid import Setting, plan_grid
 from teibatch.bench.measure import DRAIN_S, measure, setting_seconds
 from teibatch.bench.recommend import Recommendation, recommend
@@ -24,7 +22,7 @@ from teibatch.bench.results import SettingResult
 from teibatch.bench.texts import TOKENIZE_TIMEOUT_S, count_tokens
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CorpusMismatch, JobSpecError, ServerFault, TeiAuthError, TeiUnavailable, WrongModelKind
-from teibatch.tei import EmbedOptions, EmbedRequest, RequestPacker, ServerInfo, TeiClient
+from teibatch.tei import EmbedOptions, EmbedRequest, RequestPacker, ServerInfo, TeiClient, open_client
 from teibatch.tei.decode import ROUTE_EMBED
 from teibatch.tei.info import DEFAULT_PAYLOAD_LIMIT
 
@@ -120,9 +118,8 @@ async def _bench(spec: BenchSpec, on_result: Callable[[int, int, SettingResult],
     texts = [t for t in spec.texts if packer.fits_alone(packer.encode(t))]
     if not texts:
         raise CorpusMismatch(f"every text sampled is over the payload limit of {spec.payload_limit:,} bytes")
-    # Connections are bounded by the workers; httpx's default pool of 100 would queue them.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits) as http:
+    # Connections are bounded by the workers: no cap of its own.
+    async with open_client([e.url for e in spec.endpoints]) as http:
         timeout = setting_seconds(spec.seconds_per_setting) + DRAIN_S
         clients = [TeiClient(e, http, timeout=timeout, api_key_env=spec.api_key_env, normalized=True)
                    for e in spec.endpoints]

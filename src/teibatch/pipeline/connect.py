@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-import httpx
-
 from teibatch.endpoint import Endpoint
 from teibatch.errors import JobSpecError, TeiAuthError, WrongModelKind
 from teibatch.sparse import KIND_SPARSE
@@ -20,7 +18,6 @@ from teibatch.tei import (
     ServerInfo,
     TeiClient,
     choose_route,
-    tls_settings,
 )
 
 
@@ -72,7 +69,9 @@ def connect(endpoints: list[Endpoint], options: EmbedOptions, *, requested_route
 async def _connect(endpoints: list[Endpoint], options: EmbedOptions, requested_route: str,
                    expected_model: str | None, api_key_env: str | None, timeout: float,
                    before_probe: Callable[[ServersMet], None] | None) -> Fleet:
-    async with httpx.AsyncClient(verify=tls_settings(*(e.url for e in endpoints))) as http:
+    from teibatch.tei import open_client  # aiohttp loads here, not when the driver's modules are imported
+
+    async with open_client([e.url for e in endpoints]) as http:
         clients = [TeiClient(e, http, timeout=timeout) for e in endpoints]
         infos = await asyncio.gather(*(_read_info(client, api_key_env, options) for client in clients))
         met = _one_model(tuple(ConnectedServer(e, info) for e, info in zip(endpoints, infos, strict=True)),

@@ -110,6 +110,9 @@ class TeiClient:
         self._http = http
         self._timeout = timeout
         self._auth = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        self._json = {**self._auth, **_JSON_HEADERS}
+        # Each route's URL parsed once: httpx parses a string URL on every request.
+        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:
         return f"TeiClient({self.endpoint!r})"
@@ -156,7 +159,7 @@ class TeiClient:
         """
         try:
             response = await self._send("POST", _PATHS[request.route], content=request.body,
-                                        headers=_JSON_HEADERS, timeout=self.timeout_for(request))
+                                        headers=self._json, timeout=self.timeout_for(request))
         except WrongModelKind as exc:
             raise await self._model_error(exc, sparse=request.route == ROUTE_EMBED_SPARSE) from None
         try:
@@ -174,24 +177,27 @@ class TeiClient:
     async def tokenize(self, body: bytes) -> bytes:
         """``POST /tokenize`` with a ready JSON body; the answer's bytes, which
         :mod:`teibatch.tei.tokenize` reads. Every other answer raises as on any route."""
-        response = await self._send("POST", "/tokenize", content=body, headers=_JSON_HEADERS, timeout=self._timeout)
+        response = await self._send("POST", "/tokenize", content=body, headers=self._json, timeout=self._timeout)
         return response.content
 
     async def _send(self, method: str, path: str, *, timeout: float, content: bytes | None = None,
                     headers: dict[str, str] | None = None) -> httpx.Response:
         """The one boundary for httpx: send, read the whole answer within ``timeout`` seconds in all,
         and map every failure and every non-200 answer to a :class:`~teibatch.errors.TeiError`.
+        ``headers``: all of them, the key's included (default: the key's alone).
 
         httpx's own timeouts bound each step (connect, each read), so a server that trickles a
         byte at a time would never hit them; the deadline around the whole request does. On
         either, httpx closes the response and its connection (a half-read connection is never
         reused), so nothing is left open in the pool.
         """
-        limits = httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT_S))
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.url + path)
         try:
             with anyio.fail_after(timeout):
-                response = await self._http.request(method, self.url + path, content=content,
-                                                    headers={**self._auth, **(headers or {})}, timeout=limits)
+                response = await self._http.request(method, url, content=content, headers=headers or self._auth,
+                                                    timeout=_limits(timeout))
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise TeiUnavailable(f"no complete answer within {timeout:.1f}s to {method} {path} (the whole request: "
                                  f"connect, send, wait, read; {type(exc).__name__})", server=self.url) from exc
@@ -236,6 +242,13 @@ class TeiClient:
         return WrongModelKind(
             f"serves {model or 'a model'}, {kind}, which cannot give {'sparse' if sparse else 'dense'} vectors "
             f"({said}); {fix}", server=self.url, status_code=exc.status_code)
+
+
+@functools.lru_cache(maxsize=1024)
+def _limits(timeout: float) -> httpx.Timeout:
+    """httpx's timeouts for a request of ``timeout`` seconds in all (the connect at most
+    :data:`DEFAULT_CONNECT_TIMEOUT_S`); requests of a run share a few values, so they are cached."""
+    return httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT_S))
 
 
 def error_from_response(server: str, status: int, content: bytes, retry_after: str | None = None) -> TeiError:

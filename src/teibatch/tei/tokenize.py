@@ -90,7 +90,7 @@ from teibatch.errors import (
     TooManyInputs,
 )
 from teibatch.tei.checks import FAULT_BAD_BODY
-from teibatch.tei.client import DEFAULT_TIMEOUT_S, TeiClient, tls_settings
+from teibatch.tei.client import DEFAULT_TIMEOUT_S, TeiClient
 from teibatch.tei.embedder import DEFAULT_MAX_RETRIES, MAX_OVERLOAD_RETRIES, MAX_RETRY_AFTER_S, backoff
 from teibatch.tei.info import ClientLimits
 from teibatch.token_cuts import CUTS, CUTS_NONE
@@ -291,9 +291,10 @@ class RouteTokenCounter:
 
     async def _open(self) -> None:
         """The connection pool and the request slots, made on the loop that uses them."""
+        from teibatch.tei.transport import open_client  # aiohttp only once a request is to be sent
+
         urls = [e.url for e in self.endpoints]
-        self._http = httpx.AsyncClient(verify=tls_settings(*urls),
-                                       limits=httpx.Limits(max_connections=self._max_requests))
+        self._http = open_client(urls, max_connections=self._max_requests)
         self._clients = [TeiClient(e, self._http, timeout=self._timeout) for e in self.endpoints]
         self._slots = asyncio.Semaphore(self._max_requests)
 

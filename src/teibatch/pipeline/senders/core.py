@@ -23,7 +23,7 @@ from teibatch.tei import (
     Server,
     TeiClient,
     embed_texts,
-    tls_settings,
+    open_client,
 )
 
 # Connections a sender opens to each server before the first chunk (TEI's defaults take 16 requests),
@@ -73,8 +73,7 @@ class ServerClients:
     def get(self, url: str) -> httpx.AsyncClient:
         """The client of the server at ``url``."""
         if url not in self._clients:
-            self._clients[url] = httpx.AsyncClient(verify=tls_settings(url), limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=None))
+            self._clients[url] = open_client([url])
         return self._clients[url]
 
     async def open(self, endpoints: Iterable[Endpoint], per_server: int, api_key_env: str | None) -> None:
