@@ -52,7 +52,7 @@ _HTTPX_SETS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """An httpx transport over aiohttp: one ``ClientSession`` per server (scheme, host and port).
 
-    ``verify``: the TLS setting, as httpx's (an ``ssl.SSLContext``, or ``False`` for none; see
+    ``verify``: the TLS setting, as httpx's (an ``ssl.SSLContext``, ``True`` for the default checks or ``False`` for none; see
     :func:`~teibatch.tei.client.tls_settings`). ``max_connections``: connections to each server at
     most (``None``: no cap; a request past it waits for one up to the request's pool timeout).
     ``trust_env``: take proxies from ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` as httpx does.
@@ -66,7 +66,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                  trust_env: bool = False) -> None:
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections must be at least 1 or None, not {max_connections}")
-        self._ssl: ssl.SSLContext | bool = verify if isinstance(verify, ssl.SSLContext) else False
+        # aiohttp's ``ssl=True`` is its default checks, as httpx's ``verify=True``; ``False`` checks nothing.
+        self._ssl: ssl.SSLContext | bool = verify if isinstance(verify, ssl.SSLContext) else bool(verify)
         self._max_connections = max_connections
         self._trust_env = trust_env
         self._sessions: dict[tuple[bytes, bytes, int | None], _Session] = {}

@@ -59,11 +59,10 @@ class Streams:
 class ServerClients:
     """A sender's HTTP clients: one per server (each its own connection pool), opened before they are needed.
 
-    One per server: httpcore's pool scans every connection it holds on each request and answer
-    (twice over for idle ones), so one pool shared by every server costs the sender the square of
-    their connections per request. No cap on connections: the sender's pool never has more
-    requests in flight to a server than its limits allow (plus the probe of a server taken out),
-    and a connection opened stays open for the next request.
+    One per server (:func:`~teibatch.tei.transport.open_client`), so a server's connections are
+    never looked through for another's. No cap on connections: the sender never has more requests
+    in flight to a server than its limits allow (plus the probe of a server taken out), and a
+    connection opened stays open for the next request.
     """
 
     def __init__(self) -> None:
