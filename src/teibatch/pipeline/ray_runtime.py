@@ -83,8 +83,11 @@ class RayStart:
         ray.shutdown()
 
     def _watch(self, *, from_process_start: bool) -> None:
-        self._upkeep = RayUpkeep(from_process_start=from_process_start)
-        self._upkeep.start()
+        try:
+            self._upkeep = RayUpkeep(from_process_start=from_process_start)
+            self._upkeep.start()
+        except Exception:  # a figure for the report is never a reason to fail the run: it stays unknown
+            self._upkeep = None
 
     def wait(self) -> None:
         """Block until Ray is up; raise :class:`RayUnavailable` if it could not start or be joined."""
