@@ -298,6 +298,9 @@ def test_the_timing_shares_add_up_to_the_whole_run(tmp_path: Path) -> None:
     assert rows["total"] == "100%" and rows["ray_start"] == "–", rows  # Ray starts beside the other phases
     shares = [int(share.rstrip("%")) for phase, share in rows.items() if phase != "total" and share != "–"]
     assert 97 <= sum(shares) <= 103, rows  # each rounded to a whole percent
+    # A private Ray's background CPU is one line under the timings, not a phase of its own.
+    assert run_report(tmp_path / "out")["ray_background"] > 0
+    assert "Ray's background:" in page.split('<section id="details">')[1] and "ray_background" not in rows
 
 
 @pytest.mark.usefixtures("ray_session")

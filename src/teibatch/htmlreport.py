@@ -355,11 +355,20 @@ def _details(report: dict[str, Any]) -> str:
     nodes = [[f"<code>{escape(k)}</code>", _fmt(v)] for k, v in _d(report.get("shards_per_node")).items()]
     parts = [("Timings", table(["phase", "time", "of total"], rows)
               + "<p class=\"note\">ray_start runs in the background, beside plan and fleet_up; "
-                "ray_wait is the part of it the run waited for.</p>"),
+                "ray_wait is the part of it the run waited for.</p>" + _ray_background(report)),
              ("Memory (MB)", table(["process", "peak RSS"], memory)),
              ("Shards per node", table(["node", "shards"], nodes))]
     body = "".join(f"<div><h3>{name}</h3>{shown}</div>" for name, shown in parts)
     return f"<section id=\"details\"><h2>Details</h2><div class=\"cols\">{body}</div></section>"
+
+
+def _ray_background(report: dict[str, Any]) -> str:
+    """One line: the CPU Ray's own processes burned (``ray_background``), where the report knows it."""
+    cpu = as_number(report.get("ray_background"))
+    if cpu is None:
+        return ""
+    return (f"<p class=\"note\" id=\"ray-background\">Ray's background: {escape(_duration(cpu))} of CPU in Ray's "
+            "own processes (GCS, raylet, agents, idle workers) over the run.</p>")
 
 
 # --- charts: inline SVG -----------------------------------------------------------------------------

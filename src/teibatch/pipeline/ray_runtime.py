@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from teibatch.errors import RayUnavailable
+from teibatch.pipeline.ray_upkeep import RayUpkeep
+
+if TYPE_CHECKING:
+    from teibatch.pipeline.summary import RunSummary
 
 REACH_TIMEOUT_S = 5.0
 
@@ -38,17 +43,23 @@ class RayStart:
     The thread that starts Ray lives until Ray is shut down, and shuts it down itself: Ray ties its
     processes' lives to the *thread* that spawned them (Linux's parent-death signal), so a thread
     that ended after ``ray.init`` would take the local cluster down with it.
+
+    Once Ray is up, a :class:`RayUpkeep` samples what Ray's own processes burn; :attr:`background_cpu_s`
+    holds it after :meth:`close` (``None`` for a joined cluster).
     """
 
     def __init__(self, address: str | None) -> None:
         self.seconds = 0.0
         self.waited_seconds = 0.0
+        self.background_cpu_s: float | None = None
+        self._upkeep: RayUpkeep | None = None
         self._address = address
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._release = threading.Event()
         self._thread: threading.Thread | None = None
         if ray.is_initialized():
+            self._watch(from_process_start=False)  # a Ray someone else started: from now on
             self._ready.set()
         else:
             if address is not None:
@@ -64,10 +75,19 @@ class RayStart:
             self._error = exc
             return
         finally:
+            if self._error is None:
+                self._watch(from_process_start=True)  # its start-up is this run's too
             self.seconds = time.monotonic() - started
             self._ready.set()
         self._release.wait()
         ray.shutdown()
+
+    def _watch(self, *, from_process_start: bool) -> None:
+        try:
+            self._upkeep = RayUpkeep(from_process_start=from_process_start)
+            self._upkeep.start()
+        except Exception:  # a figure for the report is never a reason to fail the run: it stays unknown
+            self._upkeep = None
 
     def wait(self) -> None:
         """Block until Ray is up; raise :class:`RayUnavailable` if it could not start or be joined."""
@@ -79,26 +99,31 @@ class RayStart:
 
     def close(self) -> None:
         """Shut down the Ray this started, once its start has finished (a half-started Ray cannot be stopped)."""
+        self._ready.wait()  # the sampler is set up with Ray
+        if self._upkeep is not None:
+            self.background_cpu_s = self._upkeep.stop()
         self._release.set()
         if self._thread is not None:
             self._thread.join()
 
 
 @contextmanager
-def ray_session(address: str | None, timings: dict[str, float]) -> Iterator[RayStart]:
+def ray_session(address: str | None, summary: RunSummary) -> Iterator[RayStart]:
     """Ray for the length of the block: the one already initialised, ``address``, or a private local one.
 
     Ray starts in the background as the block begins; call ``wait()`` on what this yields before
-    the first Ray call. Leaving the block shuts down a Ray that it started.
+    the first Ray call. Leaving the block shuts down a Ray that it started and writes its start
+    times and its background CPU (``ray_background``) into ``summary``.
     """
     start = RayStart(address)
     try:
         yield start
     finally:
         start.close()
+        summary.ray_background = start.background_cpu_s
         if start.seconds:
-            timings["ray_start_s"] = start.seconds
-            timings["ray_wait_s"] = start.waited_seconds
+            summary.timings["ray_start_s"] = start.seconds
+            summary.timings["ray_wait_s"] = start.waited_seconds
 
 
 # Ray starts its worker processes at niceness 15, below its own services, the driver and any local
@@ -106,20 +131,39 @@ def ray_session(address: str | None, timings: dict[str, float]) -> Iterator[RayS
 # wait whenever any of those works (a worker process starting stalled a sender while the servers
 # emptied; docs/client.md). A private Ray starts its workers at 0; the shard tasks lower their own
 # priority (``pipeline/shard.py``), so on a full machine the senders come first.
-LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {"worker_niceness": 0}
+#
+# The rest trims what a private Ray does in the background to what a run uses (docs/benchmarks.md,
+# "Ray's background"): no Python workers started ahead of need (the run starts its own tasks and
+# actors; a prestarted worker that nothing uses burns CPU importing Ray and idles), no metrics
+# collected or exported (nobody scrapes a private Ray; the run's own metrics are teibatch's), no
+# task events for a dashboard that is not there, no per-handler event statistics.
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
+    "worker_niceness": 0,
+    "enable_worker_prestart": False,
+    "prestart_worker_first_driver": False,
+    "enable_metrics_collection": False,
+    "enable_timeline": False,
+    "task_events_report_interval_ms": 0,
+    "event_stats": False,
+}
 # How every run meets Ray, private or joined: no dashboard, no worker logs in the terminal.
 _INIT_OPTIONS: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                  "logging_level": logging.WARNING, "configure_logging": False}
+# Set to 1, a private Ray starts its dashboard (and the API server behind it) for someone to watch.
+DASHBOARD_ENV = "TEIBATCH_RAY_DASHBOARD"
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
     """``ray.init`` a private local Ray as a run starts its own (also for benchmarks that start it first).
 
     Without :data:`IDLE_SERVICES` and with :data:`LOCAL_RAY_SYSTEM_CONFIG`; ``num_cpus``: the CPUs Ray
-    declares (default: the machine's).
+    declares (default: the machine's). With ``TEIBATCH_RAY_DASHBOARD=1`` it starts the dashboard.
     """
-    with _quiet_ray_start(), _without_idle_services():
-        ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **_INIT_OPTIONS)
+    dashboard = os.environ.get(DASHBOARD_ENV) == "1"
+    options = {**_INIT_OPTIONS, "include_dashboard": dashboard}
+    skipped = tuple(name for name in IDLE_SERVICES if not (dashboard and name == "start_api_server"))
+    with _quiet_ray_start(), _without_idle_services(skipped):
+        ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **options)
 
 
 def _init(address: str | None) -> None:
@@ -156,8 +200,8 @@ IDLE_SERVICES = ("start_api_server", "start_monitor", "start_log_monitor")
 
 
 @contextmanager
-def _without_idle_services() -> Iterator[None]:
-    """While a private Ray starts, its head skips :data:`IDLE_SERVICES`.
+def _without_idle_services(skipped: tuple[str, ...] = IDLE_SERVICES) -> Iterator[None]:
+    """While a private Ray starts, its head skips ``skipped`` (of :data:`IDLE_SERVICES`).
 
     Ray has no public switch for them (``ray start`` has hidden ones for two), so the head node's
     methods that start them are swapped for no-ops for the length of ``ray.init`` — only where all
@@ -172,7 +216,7 @@ def _without_idle_services() -> Iterator[None]:
     if node_class is None or not all(callable(method) for method in originals.values()):
         yield
         return
-    for name in IDLE_SERVICES:
+    for name in skipped:
         setattr(node_class, name, _skip_service)
     try:
         yield

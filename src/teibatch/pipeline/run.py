@@ -156,7 +156,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 kept = output_kept_fields(job, probe, shards, manifest, store.url, reporter)
                 # Ray starts in the background while the servers start; the senders wait for it.
                 if ray_start is None:
-                    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
+                    ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
                 run = Run(job, provider, store, manifest, summary, reporter, interrupts, replacements, live, ids)
                 run.embed(pending, ray_start, kept)
             interrupts.check()
@@ -247,7 +247,7 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_address
             or not needs_id_index(job.corpus_options(), shards):
         return ids, None
     clock = time.monotonic()
-    ray_start = ray_scope.enter_context(ray_session(ray_address, summary.timings))
+    ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
     ray_start.wait()
     ids = build_id_index(store, output_options, job.corpus_options(), shards)
     summary.timings["id_index_s"] = time.monotonic() - clock

@@ -36,6 +36,7 @@ class RunSummary:
     nodes: Counter[str] = field(default_factory=Counter)
     worker_peak_rss_mb: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    ray_background: float | None = None  # CPU seconds of a private Ray's own processes (pipeline/ray_upkeep.py)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     corpus_errors: list[str] = field(default_factory=list)
@@ -88,6 +89,7 @@ class RunSummary:
             "shards_per_node": dict(sorted(self.nodes.items())),
             "memory": {"driver_peak_rss_mb": peak_rss_mb(), "worker_peak_rss_mb": self.worker_peak_rss_mb},
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "ray_background": round(self.ray_background, 3) if self.ray_background is not None else None,
             "throughput_docs_per_s": round(self.embedded / embed_s, 1) if embed_s > 0 else None,
             "servers": self.servers, "errors": self.errors,
             "started_at": self.started_at, "progress": self.progress, "events": self.events,

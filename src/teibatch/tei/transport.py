@@ -52,9 +52,10 @@ _HTTPX_SETS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """An httpx transport over aiohttp: one ``ClientSession`` per server (scheme, host and port).
 
-    ``verify``: the TLS setting, as httpx's (an ``ssl.SSLContext``, ``True`` for the default checks or ``False`` for none; see
-    :func:`~teibatch.tei.client.tls_settings`). ``max_connections``: connections to each server at
-    most (``None``: no cap; a request past it waits for one up to the request's pool timeout).
+    ``verify``: the TLS setting, as httpx's (an ``ssl.SSLContext``, ``True`` for the default checks
+    or ``False`` for none; see :func:`~teibatch.tei.client.tls_settings`). ``max_connections``:
+    connections to each server at most (``None``: no cap; a request past it waits for one up to the
+    request's pool timeout).
     ``trust_env``: take proxies from ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` as httpx does.
 
     Sessions are made on first use, on the event loop of the request; :meth:`aclose` closes them
