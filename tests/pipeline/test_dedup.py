@@ -244,7 +244,7 @@ def test_registry_forgets_the_oldest_vectors_beyond_its_bound() -> None:
         registry = DedupRegistry(keep_bytes=2 * 3 * 4)  # two vectors of 3 floats
         await registry.claim("s1", KEYS[:3])
         await registry.publish("s1", KEYS[:3], np.zeros((3, 3), dtype=np.float32), [False] * 3)
-        assert registry.stats() == {"texts": 2, "vector_bytes": 24}
+        assert registry.stats() == {"texts": 2, "vector_bytes": 24, "published_bytes": 36, "objects_read": 0}
         assert (await registry.claim("s2", KEYS[:3])).mine == [True, False, False]  # the oldest is sent again
 
     asyncio.run(scenario())

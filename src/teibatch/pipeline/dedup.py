@@ -122,6 +122,7 @@ class DedupRegistry:
         self._owned: dict[str, set[bytes]] = {}  # per shard, what it owns and has not published
         self._asked: dict[str, set[bytes]] = {}  # per shard, what it owns that others wait for, not told yet
         self._bytes = 0
+        self._published = self._read = 0  # bytes of vectors received, objects read: what repeats cost
         self._changed = asyncio.Event()
 
     async def claim(self, shard: str, keys: list[bytes]) -> Claimed:
@@ -161,6 +162,7 @@ class DedupRegistry:
             entry.vector, entry.truncated = vector.copy(), bool(cut)
             entry.nbytes = entry.vector.nbytes
             self._bytes += entry.nbytes
+            self._published += entry.nbytes
         self._forget_oldest()
         self._wake()
 
@@ -230,7 +232,7 @@ class DedupRegistry:
         deliver = list(self._asked.pop(shard, ()))
         positions, vectors, truncated = [], [], []
         for position, entry in found:  # entries found stay valid even if forgotten while an object is read
-            got = await _vector(entry)
+            got = await self._vector(entry)
             if got is None:  # its object is lost: forgotten, and sent by each waiter
                 gone.append(position)
                 if self._entries.get(keys[position]) is entry:
@@ -243,8 +245,25 @@ class DedupRegistry:
         return Taken(positions, stack_rows(vectors), truncated, sorted(gone), deliver)
 
     def stats(self) -> dict[str, int]:
-        """Hashes held, and bytes of vectors."""
-        return {"texts": len(self._entries), "vector_bytes": self._bytes}
+        """Hashes held, bytes of vectors held (here or in the object store), bytes of vectors published
+        to it so far, and objects it has read."""
+        return {"texts": len(self._entries), "vector_bytes": self._bytes, "published_bytes": self._published,
+                "objects_read": self._read}
+
+    async def _vector(self, entry: _Entry) -> tuple[Vector, bool] | None:
+        """A ready entry's vector and truncated flag, reading its owner's object the first time one is
+        asked for; ``None`` if that object cannot be read (the waiter sends the text itself)."""
+        if entry.vector is not None or entry.kept is None:
+            return entry.vector, entry.truncated  # type: ignore[return-value]
+        kept = entry.kept
+        if kept.rows is None:
+            try:
+                kept.rows = await kept.ref
+            except ray.exceptions.RayError:
+                return None
+            self._read += 1
+        vectors, truncated = kept.rows
+        return vectors[entry.row], bool(truncated[entry.row])
 
     def _wake(self) -> None:
         self._changed.set()
@@ -261,21 +280,6 @@ class DedupRegistry:
                 self._entries[key] = entry  # on its way: to the back
             else:
                 self._bytes -= entry.nbytes
-
-
-async def _vector(entry: _Entry) -> tuple[Vector, bool] | None:
-    """A ready entry's vector and truncated flag, reading its owner's object the first time one is asked
-    for; ``None`` if that object cannot be read (the waiter sends the text itself)."""
-    if entry.vector is not None or entry.kept is None:
-        return entry.vector, entry.truncated  # type: ignore[return-value]
-    kept = entry.kept
-    if kept.rows is None:
-        try:
-            kept.rows = await kept.ref
-        except ray.exceptions.RayError:
-            return None
-    vectors, truncated = kept.rows
-    return vectors[entry.row], bool(truncated[entry.row])
 
 
 @dataclass(frozen=True)
