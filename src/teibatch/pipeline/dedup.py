@@ -13,10 +13,12 @@ each hash a shard has claimed:
   an owner learns which of its hashes are contested in the answers to its claims and takes (a
   take returns early when its caller has vectors to deliver), and publishes those vectors only.
 * Only contested vectors travel to the registry while their owner runs. When a shard ends, it
-  puts the vectors it owns and did not publish into Ray's object store in one object, owned by the
-  registry (so it outlives the shard's worker), and hands the registry their hashes and the
-  reference (:meth:`DedupRegistry.keep`): a later copy in another shard takes its vector from
-  there. The registry reads such an object only when a vector in it is asked for. A corpus with
+  puts the vectors it owns and did not publish into Ray's object store in one object and hands the
+  registry their hashes and the reference (:meth:`DedupRegistry.keep`): a later copy in another
+  shard takes its vector from there. The object is owned by the worker process that ran the shard
+  (Ray keeps it for later tasks; Ray 2.56 removed handing an object's ownership to an actor): if
+  that process exits, the object is lost, and a later copy of its texts is sent again. The
+  registry reads such an object only when a vector in it is asked for. A corpus with
   no repeats costs the registry a claim and a keep per hash, never a vector.
 * An owner that cannot deliver never leaves a waiter stuck: a text the servers refused is
   given up at once (:meth:`DedupRegistry.abandon`), everything a shard still owns is given up
@@ -30,7 +32,7 @@ each hash a shard has claimed:
   sent again. Only the copies sent change: never which rows are written, nor their vectors (a
   copy gets the very vector its text got from the servers).
 
-A registry that dies takes dedup with it, and its objects, not the run: every shard then sends what
+A registry that dies takes dedup with it (and the objects only it refers to), not the run: every shard then sends what
 it has not got a vector for. Each shard holds its own texts' vectors until it ends (its
 ``shard_docs`` × dimension × 4 bytes at most), and the texts of the copies it waits for.
 """
@@ -70,7 +72,7 @@ def hash_key(content_hash: str) -> bytes:
 class _Kept:
     """Vectors a shard left in the object store when it ended: the reference, and the rows once read."""
 
-    ref: Any  # ray.ObjectRef of (vectors, truncated), owned by the registry
+    ref: Any  # ray.ObjectRef of (vectors, truncated), owned by the shard's worker process
     rows: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -168,22 +170,23 @@ class DedupRegistry:
 
     async def keep(self, shard: str, keys: bytes, kept: list[Any], nbytes: int) -> None:
         """``shard`` ends and leaves the vectors of ``keys`` (16 bytes each, in the order of the object's
-        rows) in the object store: ``kept``'s one reference, ``nbytes`` in all. Nothing is read now."""
+        rows) in the object store: ``kept``'s one reference, ``nbytes`` in all; nothing is read now. What
+        it owns beyond them is given up (:meth:`release`), in this same call: Ray does not keep an async
+        actor's calls in order, and a release run first would give up the kept vectors too."""
         rows = len(keys) // 16
-        if not rows:
-            return
-        held, each = _Kept(kept[0]), nbytes // rows
-        owned = self._owned.get(shard, set())
-        for row in range(rows):
-            key = keys[16 * row:16 * (row + 1)]
-            entry = self._entries.get(key)
-            if entry is None or entry.ready or entry.owner != shard:
-                continue
-            owned.discard(key)
-            entry.kept, entry.row, entry.nbytes = held, row, each
-            self._bytes += each
-        self._forget_oldest()
-        self._wake()
+        if rows:
+            held, each = _Kept(kept[0]), nbytes // rows
+            owned = self._owned.get(shard, set())
+            for row in range(rows):
+                key = keys[16 * row:16 * (row + 1)]
+                entry = self._entries.get(key)
+                if entry is None or entry.ready or entry.owner != shard:
+                    continue
+                owned.discard(key)
+                entry.kept, entry.row, entry.nbytes = held, row, each
+                self._bytes += each
+            self._forget_oldest()
+        await self.release([shard])
 
     async def abandon(self, shard: str, keys: list[bytes]) -> None:
         """``shard`` will not publish ``keys`` (the servers refused those texts): their waiters send them."""
@@ -400,12 +403,13 @@ class ShardCopies:
         """This shard ends: the vectors it owns and did not publish go to the object store, for copies in
         shards still to come, and the rest it owns is given up (its waiters send it)."""
         kept = [unit for unit in self._mine.values() if unit in self._landed and unit not in self._published]
-        if kept:
-            vectors = [self._landed[unit][0] for unit in kept]
-            rows = (stack_rows(vectors), np.array([self._landed[unit][1] for unit in kept], dtype=bool))
-            self._call(lambda r: r.keep.remote(self.shard, b"".join(hash_key(self.hashes[u]) for u in kept),
-                                               [ray.put(rows, _owner=r)], sum(v.nbytes for v in vectors)))
-        self._call(lambda r: r.release.remote([self.shard]))
+        if not kept:
+            self._call(lambda r: r.release.remote([self.shard]))
+            return
+        vectors = [self._landed[unit][0] for unit in kept]
+        rows = (stack_rows(vectors), np.array([self._landed[unit][1] for unit in kept], dtype=bool))
+        self._call(lambda r: r.keep.remote(self.shard, b"".join(hash_key(self.hashes[u]) for u in kept),
+                                           [ray.put(rows)], sum(v.nbytes for v in vectors)))
 
     def _is_final(self, unit: int) -> bool:
         return unit in self.copies or unit in self.refused or unit in self._landed or unit in self._refused_firsts
