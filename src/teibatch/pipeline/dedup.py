@@ -408,8 +408,9 @@ class ShardCopies:
             return
         vectors = [self._landed[unit][0] for unit in kept]
         rows = (stack_rows(vectors), np.array([self._landed[unit][1] for unit in kept], dtype=bool))
-        self._call(lambda r: r.keep.remote(self.shard, b"".join(hash_key(self.hashes[u]) for u in kept),
-                                           [ray.put(rows)], sum(v.nbytes for v in vectors)))
+        # Waited for: the driver's release of this shard, once its task has ended, must not come first.
+        self._call(lambda r: ray.get(r.keep.remote(self.shard, b"".join(hash_key(self.hashes[u]) for u in kept),
+                                                   [ray.put(rows)], sum(v.nbytes for v in vectors))))
 
     def _is_final(self, unit: int) -> bool:
         return unit in self.copies or unit in self.refused or unit in self._landed or unit in self._refused_firsts
