@@ -18,8 +18,9 @@ actor of a private local Ray and ``--concurrent`` shards (``ShardCopies`` in thi
 claiming, landing made-up vectors of ``--dimension`` floats, waiting and ending the way a shard task
 does, in waves of ``--concurrent`` interleaved a claim batch at a time) over ``--vectors`` texts,
 ``--repeats`` of them repeating an earlier text. Per share of repeats: the registry actor's CPU
-seconds (user + system, from its process) per 1M vectors, and this process's, which plays the
-shards. It only uses ``ShardCopies``' and ``Dedup``'s public calls, so it runs against older code too.
+seconds (user + system, from its process) per 1M vectors, this process's, which plays the shards,
+and the megabytes of vectors published to the registry (where its code counts them). It only uses
+``ShardCopies``' and ``Dedup``'s public calls, so it runs against older code too.
 
     .venv/bin/python benchmarks/bench_dedup.py --protocol-only                 # 200,000 vectors
     .venv/bin/python benchmarks/bench_dedup.py --protocol-only --vectors 20000 # a quick try
@@ -101,8 +102,9 @@ def protocol_texts(vectors: int, repeat: float, seed: int = 34) -> list[int]:
     return texts
 
 
-def protocol_cpu(vectors: int, repeat: float, args: argparse.Namespace) -> tuple[float, float]:
-    """CPU seconds of the registry actor, and of this process (the shards), for one protocol-only corpus."""
+def protocol_cpu(vectors: int, repeat: float, args: argparse.Namespace) -> tuple[float, float, int | None]:
+    """CPU seconds of the registry actor, and of this process (the shards), for one protocol-only corpus;
+    and the bytes of vectors published to the registry (``None``: its code does not count them)."""
     import ray
 
     from teibatch.pipeline.dedup import CLAIM_BATCH, Dedup, ShardCopies
@@ -128,11 +130,11 @@ def protocol_cpu(vectors: int, repeat: float, args: argparse.Namespace) -> tuple
             ok = np.ones(len(late), dtype=bool)
             copies.landed(late, block[:len(late)], ok, ~ok, publish=False)
             copies.release()
-    ray.get(dedup.registry.stats.remote())  # every call before it has run
+    stats = ray.get(dedup.registry.stats.remote())  # every call before it has run
     after = registry.cpu_times()
     shards_cpu = time.process_time() - mine
     ray.kill(dedup.registry)
-    return after.user + after.system - before.user - before.system, shards_cpu
+    return after.user + after.system - before.user - before.system, shards_cpu, stats.get("published_bytes")
 
 
 def protocol_only(args: argparse.Namespace) -> None:
@@ -142,11 +144,13 @@ def protocol_only(args: argparse.Namespace) -> None:
     start_local_ray(num_cpus=2)
     print(f"{args.vectors:,} vectors of {args.dimension} floats; shards of {args.shard_docs}, "
           f"{args.concurrent} at a time")
-    print(f"{'repeats':>7} {'registry CPU s / 1M vectors':>27} {'shards CPU s / 1M vectors':>25}")
+    print(f"{'repeats':>7} {'registry CPU s / 1M vectors':>27} {'shards CPU s / 1M vectors':>25} "
+          f"{'MB published':>12}")
     for repeat in (float(r) for r in args.repeats.split(",")):
-        registry, shards = protocol_cpu(args.vectors, repeat, args)
+        registry, shards, published = protocol_cpu(args.vectors, repeat, args)
         scale = 1e6 / args.vectors
-        print(f"{repeat:>7.0%} {registry * scale:>27.2f} {shards * scale:>25.2f}")
+        megabytes = "not counted" if published is None else f"{published / 1e6:.1f}"
+        print(f"{repeat:>7.0%} {registry * scale:>27.2f} {shards * scale:>25.2f} {megabytes:>12}")
 
 
 def main() -> None:
