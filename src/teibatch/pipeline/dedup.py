@@ -17,7 +17,7 @@ each hash a shard has claimed:
   registry their hashes and the reference (:meth:`DedupRegistry.keep`): a later copy in another
   shard takes its vector from there. The object is owned by the worker process that ran the shard
   (Ray keeps it for later tasks; Ray 2.56 removed handing an object's ownership to an actor): if
-  that process exits, the object is lost, and a later copy of its texts is sent again. The
+  that process exits, the object may be lost, and a later copy of its texts is then sent again. The
   registry reads such an object only when a vector in it is asked for. A corpus with
   no repeats costs the registry a claim and a keep per hash, never a vector.
 * An owner that cannot deliver never leaves a waiter stuck: a text the servers refused is
