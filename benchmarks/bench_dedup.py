@@ -13,6 +13,18 @@ embedding time; then whether both outputs are equal row for row (ids, hashes, ve
     .venv/bin/python benchmarks/bench_dedup.py                      # 20,000 documents
     .venv/bin/python benchmarks/bench_dedup.py --documents 2000     # a quick try
 
+``--protocol-only`` measures the cross-shard protocol alone, no servers and no files: the registry
+actor of a private local Ray and ``--concurrent`` shards (``ShardCopies`` in this process, each
+claiming, landing made-up vectors of ``--dimension`` floats, waiting and ending the way a shard task
+does, in waves of ``--concurrent`` interleaved a claim batch at a time) over ``--vectors`` texts,
+``--repeats`` of them repeating an earlier text. Per share of repeats: the registry actor's CPU
+seconds (user + system, from its process) per 1M vectors, this process's, which plays the shards,
+and the megabytes of vectors published to the registry (where its code counts them). It only uses
+``ShardCopies``' and ``Dedup``'s public calls, so it runs against older code too.
+
+    .venv/bin/python benchmarks/bench_dedup.py --protocol-only                 # 200,000 vectors
+    .venv/bin/python benchmarks/bench_dedup.py --protocol-only --vectors 20000 # a quick try
+
 Only 127.0.0.1 is used; every server is stopped at the end.
 """
 
@@ -22,10 +34,13 @@ import argparse
 import os
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
+import psutil
 import pyarrow.dataset as ds
 import yaml
 from bench_chunked import server_stats
@@ -78,6 +93,66 @@ def run_once(name: str, tmp: Path, urls: list[str], key: str, args: argparse.Nam
             "table": ds.dataset(tmp / "out" / name / "vectors").to_table().sort_by("id")}
 
 
+def protocol_texts(vectors: int, repeat: float, seed: int = 34) -> list[int]:
+    """Text ids of the protocol-only corpus: ``repeat`` of them repeat an earlier one, picked at random."""
+    rng = random.Random(seed)
+    texts: list[int] = []
+    for n in range(vectors):
+        texts.append(texts[rng.randrange(n)] if n and rng.random() < repeat else n)
+    return texts
+
+
+def protocol_cpu(vectors: int, repeat: float, args: argparse.Namespace) -> tuple[float, float, int | None]:
+    """CPU seconds of the registry actor, and of this process (the shards), for one protocol-only corpus;
+    and the bytes of vectors published to the registry (``None``: its code does not count them)."""
+    import ray
+
+    from teibatch.pipeline.dedup import CLAIM_BATCH, Dedup, ShardCopies
+
+    texts = protocol_texts(vectors, repeat)
+    block = np.random.default_rng(0).standard_normal((CLAIM_BATCH, args.dimension)).astype(np.float32)
+    dedup = Dedup.for_run(request_timeout=60.0)
+    registry = psutil.Process(ray.get(dedup.registry.__ray_call__.remote(lambda _: os.getpid())))
+    ray.get(dedup.registry.stats.remote())
+    before, mine = registry.cpu_times(), time.process_time()
+    shards = [texts[start:start + args.shard_docs] for start in range(0, vectors, args.shard_docs)]
+    for wave in range(0, len(shards), args.concurrent):
+        group = [ShardCopies(f"shard-{wave + n}", [f"{text:032x}" for text in shard], dedup)
+                 for n, shard in enumerate(shards[wave:wave + args.concurrent])]
+        for start in range(0, args.shard_docs, CLAIM_BATCH):
+            for copies in group:
+                batch = [(unit, "") for unit in range(start, min(start + CLAIM_BATCH, len(copies.hashes)))]
+                sent = [unit for unit, _ in copies.decide(batch)]
+                ok = np.ones(len(sent), dtype=bool)
+                copies.landed(sent, block[:len(sent)], ok, ~ok)
+        for copies in group:
+            late = [unit for unit, _ in copies.wait()]
+            ok = np.ones(len(late), dtype=bool)
+            copies.landed(late, block[:len(late)], ok, ~ok, publish=False)
+            copies.release()
+    stats = ray.get(dedup.registry.stats.remote())  # every call before it has run
+    after = registry.cpu_times()
+    shards_cpu = time.process_time() - mine
+    ray.kill(dedup.registry)
+    return after.user + after.system - before.user - before.system, shards_cpu, stats.get("published_bytes")
+
+
+def protocol_only(args: argparse.Namespace) -> None:
+    """The ``--protocol-only`` table."""
+    from teibatch.pipeline.ray_runtime import start_local_ray
+
+    start_local_ray(num_cpus=2)
+    print(f"{args.vectors:,} vectors of {args.dimension} floats; shards of {args.shard_docs}, "
+          f"{args.concurrent} at a time")
+    print(f"{'repeats':>7} {'registry CPU s / 1M vectors':>27} {'shards CPU s / 1M vectors':>25} "
+          f"{'MB published':>12}")
+    for repeat in (float(r) for r in args.repeats.split(",")):
+        registry, shards, published = protocol_cpu(args.vectors, repeat, args)
+        scale = 1e6 / args.vectors
+        megabytes = "not counted" if published is None else f"{published / 1e6:.1f}"
+        print(f"{repeat:>7.0%} {registry * scale:>27.2f} {shards * scale:>25.2f} {megabytes:>12}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=20_000)
@@ -85,8 +160,16 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=100_000, help="tokens/s of each simulated GPU")
     parser.add_argument("--shard-docs", type=int, default=1_000)
+    parser.add_argument("--protocol-only", action="store_true", help="the registry's CPU alone (see above)")
+    parser.add_argument("--vectors", type=int, default=200_000, help="--protocol-only: texts in all")
+    parser.add_argument("--dimension", type=int, default=1_024, help="--protocol-only: floats per vector")
+    parser.add_argument("--concurrent", type=int, default=4, help="--protocol-only: shards running at once")
+    parser.add_argument("--repeats", default="0,0.1,0.5", help="--protocol-only: shares of repeated texts")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.protocol_only:
+        protocol_only(args)
+        return
 
     from teibatch.fleet import LocalProvider
 

@@ -194,15 +194,16 @@ KEYS = [hash_key(f"{n:032x}") for n in range(4)]
 def test_registry_first_claim_sends_and_the_others_take_its_vector() -> None:
     async def scenario() -> None:
         registry = DedupRegistry()
-        assert await registry.claim("s1", KEYS[:2]) == [True, True]
-        assert await registry.claim("s2", KEYS[1:3]) == [False, True]
-        assert await registry.claim("s1", KEYS[:1]) == [True]  # a task run again keeps its claims
-        waiting = asyncio.create_task(registry.take([KEYS[1]], timeout=30))
+        assert (await registry.claim("s1", KEYS[:2])).mine == [True, True]
+        assert (await registry.claim("s2", KEYS[1:3])).mine == [False, True]
+        claimed = await registry.claim("s1", KEYS[:1])  # a task run again keeps its claims
+        assert claimed.mine == [True] and claimed.deliver == [KEYS[1]]  # and learns s2 waits for KEYS[1]
+        waiting = asyncio.create_task(registry.take("s2", [KEYS[1]], timeout=30))
         await registry.publish("s1", KEYS[:2], np.ones((2, 3), dtype=np.float32), [False, True])
         taken = await asyncio.wait_for(waiting, 5)
         assert taken.found == [0] and taken.gone == [] and taken.truncated == [True]
         np.testing.assert_array_equal(taken.vectors, np.ones((1, 3), dtype=np.float32))
-        assert await registry.claim("s3", KEYS[:1]) == [False]  # published: a later shard copies it
+        assert (await registry.claim("s3", KEYS[:1])).mine == [False]  # published: a later shard copies it
 
     asyncio.run(scenario())
 
@@ -213,8 +214,8 @@ def test_registry_never_leaves_a_waiter_stuck(how: str) -> None:
     async def scenario() -> None:
         registry = DedupRegistry()
         await registry.claim("owner", KEYS[:1])
-        assert await registry.claim("waiter", KEYS[:1]) == [False]
-        waiting = asyncio.create_task(registry.take(KEYS[:1], timeout=300))
+        assert (await registry.claim("waiter", KEYS[:1])).mine == [False]
+        waiting = asyncio.create_task(registry.take("waiter", KEYS[:1], timeout=300))
         await asyncio.sleep(0)
         if how == "release":
             await registry.release(["owner"])
@@ -222,7 +223,7 @@ def test_registry_never_leaves_a_waiter_stuck(how: str) -> None:
             await registry.abandon("owner", KEYS[:1])
         taken = await asyncio.wait_for(waiting, 5)  # at once, not after the bound
         assert taken.gone == [0] and taken.found == []  # the waiter sends it itself
-        assert await registry.claim("other", KEYS[:1]) == [True]
+        assert (await registry.claim("other", KEYS[:1])).mine == [True]
 
     asyncio.run(scenario())
 
@@ -232,7 +233,7 @@ def test_registry_wait_is_bounded() -> None:
         registry = DedupRegistry()
         await registry.claim("silent", KEYS[:1])
         started = time.monotonic()
-        taken = await registry.take(KEYS[:1], timeout=0.2)
+        taken = await registry.take("waiter", KEYS[:1], timeout=0.2)
         assert taken.found == taken.gone == [] and time.monotonic() - started < 5
 
     asyncio.run(scenario())
@@ -243,8 +244,8 @@ def test_registry_forgets_the_oldest_vectors_beyond_its_bound() -> None:
         registry = DedupRegistry(keep_bytes=2 * 3 * 4)  # two vectors of 3 floats
         await registry.claim("s1", KEYS[:3])
         await registry.publish("s1", KEYS[:3], np.zeros((3, 3), dtype=np.float32), [False] * 3)
-        assert registry.stats() == {"texts": 2, "vector_bytes": 24}
-        assert await registry.claim("s2", KEYS[:3]) == [True, False, False]  # the oldest is sent again
+        assert registry.stats() == {"texts": 2, "vector_bytes": 24, "published_bytes": 36, "objects_read": 0}
+        assert (await registry.claim("s2", KEYS[:3])).mine == [True, False, False]  # the oldest is sent again
 
     asyncio.run(scenario())
 
