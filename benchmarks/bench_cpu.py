@@ -275,8 +275,8 @@ def bench(docs: int, dims: int, contestants: list[str], floor: Path | None, real
 
 
 def print_table(rows: list[Row], real_gpu: bool) -> None:
-    print("| contestant | docs | dims | wall s | docs/s | client CPU-s | CPU-s per 1M vectors | ratio to floor (aiohttp) "
-          + ("| busy share mean (min) |" if real_gpu else "|"))
+    print("| contestant | docs | dims | wall s | docs/s | client CPU-s | CPU-s per 1M vectors "
+          "| ratio to floor (aiohttp) " + ("| busy share mean (min) |" if real_gpu else "|"))
     print("|---|---|---|---|---|---|---|---|" + ("---|" if real_gpu else ""))
     for row in rows:
         ratio = f"{row.ratio_to_floor:.2f}" if row.ratio_to_floor is not None else "–"
