@@ -131,6 +131,14 @@ class Unaccounted:
         self._thread.join()
 
 
+def running(process: psutil.Process) -> bool:
+    """Alive and not a zombie waiting to be reaped (False for one that ended meanwhile)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def reap_leftovers(exclude: set[int], watch: Unaccounted) -> float:
     """Reap the contestant's orphans as they end; after :data:`GRACE_S`, count and stop the rest.
 
@@ -142,7 +150,7 @@ def reap_leftovers(exclude: set[int], watch: Unaccounted) -> float:
         for process in mine:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(process.pid, os.WNOHANG)
-        alive = [p for p in watch.sample() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in watch.sample() if running(p)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(SAMPLE_S)
