@@ -7,6 +7,7 @@ chunk.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
@@ -20,7 +21,12 @@ from teibatch.tei import EmbedResult
 # A task keeps this many of a sender's budgets outstanding there (plus a chunk): enough queued in the
 # sender that a server never waits for a task to be scheduled, even on a busy machine.
 OUTSTANDING_BUDGETS = 2
-MAX_CHUNK_RESENDS = 3
+# A chunk whose sender died goes again after a wait that doubles each time, up to this many times: while
+# Ray restarts the sender (seconds on a busy machine) every call to it fails at once, so resending at
+# once would spend the resends on one restart.
+MAX_CHUNK_RESENDS = 5
+FIRST_RESEND_WAIT_S = 0.5
+MAX_RESEND_WAIT_S = 8.0
 # How long a shard task waits for one chunk before it asks again whether its sender still lives.
 WAIT_SLICE_S = 5.0
 
@@ -134,9 +140,10 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority
             except ray.exceptions.RayActorError as exc:
                 resends[start] = resends.get(start, 0) + 1
                 if resends[start] > MAX_CHUNK_RESENDS:
-                    raise SenderFailed(f"a sender died {MAX_CHUNK_RESENDS + 1} times while embedding texts "
-                                       f"{start}-{start + len(chunk)} of this shard ({exc.__class__.__name__}); "
-                                       "the same command retries the shard") from None
+                    raise SenderFailed(f"a sender failed {MAX_CHUNK_RESENDS + 1} times in a row on texts "
+                                       f"{start}-{start + len(chunk)} of this shard ({exc.__class__.__name__}), "
+                                       "Ray's restarts of it included; the same command retries the shard") from None
+                time.sleep(min(FIRST_RESEND_WAIT_S * 2 ** (resends[start] - 1), MAX_RESEND_WAIT_S))
                 unsent.appendleft((start, chunk))
                 continue
             back[start] = result
