@@ -403,10 +403,14 @@ class ShardCopies:
             self._call(lambda r: r.release.remote([self.shard]))
             return
         vectors = [self._landed[unit][0] for unit in kept]
-        rows = (stack_rows(vectors), np.array([self._landed[unit][1] for unit in kept], dtype=bool))
+        try:
+            ref = ray.put((stack_rows(vectors), np.array([self._landed[unit][1] for unit in kept], dtype=bool)))
+        except ray.exceptions.RayError:  # no room in the object store: give it all up (later copies are sent)
+            self._call(lambda r: r.release.remote([self.shard]))
+            return
         # Waited for: the driver's release of this shard, once its task has ended, must not come first.
         self._call(lambda r: ray.get(r.keep.remote(self.shard, b"".join(hash_key(self.hashes[u]) for u in kept),
-                                                   [ray.put(rows)], sum(v.nbytes for v in vectors))))
+                                                   [ref], sum(v.nbytes for v in vectors))))
 
     def _is_final(self, unit: int) -> bool:
         return unit in self.copies or unit in self.refused or unit in self._landed or unit in self._refused_firsts
