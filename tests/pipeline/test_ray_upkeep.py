@@ -25,12 +25,17 @@ time.sleep(3)  # long enough for Ray to have prestarted its workers, were it to
 @ray.remote(num_cpus=1)
 def busy():
     import os
-    deadline = time.process_time() + 1.0
+    deadline = time.process_time() + 2.5  # over two samples' interval
     while time.process_time() < deadline:
         pass
     return os.getpid()
 
-names = sorted(" ".join(p.cmdline()).split()[0].rsplit("/", 1)[-1] for p in psutil.Process().children(recursive=True))
+def process_names():
+    children = psutil.Process().children(recursive=True)
+    return sorted(" ".join(p.cmdline()).split()[0].rsplit("/", 1)[-1] for p in children)
+deadline = time.monotonic() + 60  # on a loaded machine an agent takes a while to import and set its title
+while {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} - set(names := process_names()) and time.monotonic() < deadline:
+    time.sleep(0.5)
 worker = ray.get(busy.remote())
 time.sleep(1.5)  # the sampler sees the worker's title at least once more
 background = upkeep.stop()
@@ -57,7 +62,7 @@ def test_a_private_ray_prestarts_no_worker_and_counts_its_background_without_the
     # The GCS, the raylet and the two agents the raylet of Ray 2.60 always starts; no idle worker, no dashboard.
     assert names.split() == ["gcs_server", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "raylet"], names
     background, worker, everything = (float(figure) for figure in figures.split())
-    assert background > 0 and worker >= 0.9
+    assert background > 0 and worker >= 2.4
     # The task's worker is the run's: Ray's background is what the rest burned (sampled: a little behind).
     assert background <= everything - worker + 0.05, (background, worker, everything)
 

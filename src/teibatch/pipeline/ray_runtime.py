@@ -137,15 +137,20 @@ def ray_session(address: str | None, summary: RunSummary) -> Iterator[RayStart]:
 # actors; a prestarted worker that nothing uses burns CPU importing Ray and idles), no metrics
 # collected or exported (nobody scrapes a private Ray; the run's own metrics are teibatch's), no
 # task events for a dashboard that is not there, no per-handler event statistics.
-LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
+WATCHED_RAY_SYSTEM_CONFIG: dict[str, object] = {
     "worker_niceness": 0,
     "enable_worker_prestart": False,
     "prestart_worker_first_driver": False,
+}
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
+    **WATCHED_RAY_SYSTEM_CONFIG,
     "enable_metrics_collection": False,
     "enable_timeline": False,
     "task_events_report_interval_ms": 0,
     "event_stats": False,
 }
+"""A private Ray's system config; with its dashboard asked for, :data:`WATCHED_RAY_SYSTEM_CONFIG`:
+the metrics and task events the dashboard's pages show stay on."""
 # How every run meets Ray, private or joined: no dashboard, no worker logs in the terminal.
 _INIT_OPTIONS: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                  "logging_level": logging.WARNING, "configure_logging": False}
@@ -157,13 +162,15 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     """``ray.init`` a private local Ray as a run starts its own (also for benchmarks that start it first).
 
     Without :data:`IDLE_SERVICES` and with :data:`LOCAL_RAY_SYSTEM_CONFIG`; ``num_cpus``: the CPUs Ray
-    declares (default: the machine's). With ``TEIBATCH_RAY_DASHBOARD=1`` it starts the dashboard.
+    declares (default: the machine's). With ``TEIBATCH_RAY_DASHBOARD=1`` it starts the dashboard, with
+    the metrics and task events its pages show (:data:`WATCHED_RAY_SYSTEM_CONFIG`).
     """
     dashboard = os.environ.get(DASHBOARD_ENV) == "1"
     options = {**_INIT_OPTIONS, "include_dashboard": dashboard}
+    config = WATCHED_RAY_SYSTEM_CONFIG if dashboard else LOCAL_RAY_SYSTEM_CONFIG
     skipped = tuple(name for name in IDLE_SERVICES if not (dashboard and name == "start_api_server"))
     with _quiet_ray_start(), _without_idle_services(skipped):
-        ray.init(address="local", num_cpus=num_cpus, _system_config=LOCAL_RAY_SYSTEM_CONFIG, **options)
+        ray.init(address="local", num_cpus=num_cpus, _system_config=config, **options)
 
 
 def _init(address: str | None) -> None:
