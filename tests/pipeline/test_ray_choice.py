@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -19,47 +16,9 @@ import yaml
 
 from teibatch.pipeline.shard import SHARD_TASK_NICENESS
 from tests.conftest import write_jsonl
+from tests.pipeline.conftest import free_port, plain_env
 
 pytestmark = pytest.mark.slow  # every test starts drivers, Ray or pytest in processes of their own
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def plain_env() -> dict[str, str]:
-    """The environment of a user who set nothing about Ray (no address, no authentication mode)."""
-    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-
-
-@pytest.fixture
-def ambient_cluster(tmp_path: Path) -> Iterator[str]:
-    """A `ray start --head` someone left running, with no CPU: a run that joined it could never finish."""
-    port = free_port()
-    ray_cli = Path(sys.executable).parent / "ray"
-    env = {**plain_env(), "RAY_AUTH_MODE": "disabled"}
-    process = subprocess.Popen([str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=0",
-                                "--include-dashboard=false", "--disable-usage-stats"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the ambient Ray cluster did not start")
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()  # --block: ray start stops what it started when it is terminated
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def small_job(tmp_path: Path) -> tuple[Path, Path]:

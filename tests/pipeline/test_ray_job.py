@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,11 @@ import pytest
 import yaml
 
 from tests.conftest import write_jsonl
+from tests.pipeline.conftest import free_port
 
 pytestmark = pytest.mark.slow  # starts a Ray head and submits a Ray job
 
 VENV_BIN = str(Path(sys.executable).parent)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.pipeline.test_ray_choice import ambient_cluster, plain_env  # noqa: F401 (a fixture)
+from tests.pipeline.conftest import plain_env
 
 pytestmark = pytest.mark.slow  # every test starts Ray in a process of its own
 
@@ -81,7 +81,7 @@ ray.shutdown()
 
 
 @pytest.mark.timeout(300)
-def test_a_joined_cluster_is_left_as_it_is_and_its_background_is_unknown(ambient_cluster: str) -> None:  # noqa: F811
+def test_a_joined_cluster_is_left_as_it_is_and_its_background_is_unknown(ambient_cluster: str) -> None:
     script = f"""
 import psutil
 from teibatch.pipeline.ray_runtime import ray_session
