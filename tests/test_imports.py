@@ -26,7 +26,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 LAYERS: list[set[str]] = [
     {"teibatch", "errors"},  # the version and the error types
     {"endpoint", "lazy", "sparse", "quantize", "storage_errors", "crashpoints", "token_cuts", "svgdraw", "logs",
-     "jobfile"},  # shared leaves
+     "native_stderr", "jobfile"},  # shared leaves
     {"server"},  # the built-in TEI server: stands alone (the corpus counts tokens by its rule)
     {"corpus", "tei", "sink", "fleet"},
     {"job"},  # the job spec names the corpus's and the sink's options

@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 
+from teibatch.native_stderr import quiet_native
+
 
 def exit_settled(code: int) -> None:
     """Exit with ``code`` now that the command has finished, skipping the interpreter's teardown.
@@ -31,6 +33,7 @@ def exit_interrupted() -> None:
     handling behind, and the interpreter's shutdown would then end the process by the signal
     (exit -2) instead of the code. A run's report and servers are already settled when this runs.
     """
+    quiet_native()
     print("error: interrupted", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)

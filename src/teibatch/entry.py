@@ -10,10 +10,12 @@ import os
 import sys
 
 from teibatch.cli_exit import exit_interrupted, exit_settled
+from teibatch.native_stderr import separate
 
 
 def main() -> None:
     """Import the command line and run it."""
+    separate()  # Ray's core writes to descriptor 2 directly; teibatch's lines get a descriptor of their own
     # Ray's core would install a crash handler for SIGTERM in the run's Ray thread, and a SIGTERM
     # would then abort the driver with no report and its servers left up. The command handles
     # SIGTERM itself (pipeline/interrupts.py); Ray reads this before it is imported.

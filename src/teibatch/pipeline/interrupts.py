@@ -6,6 +6,7 @@ and the run would go on as if nothing happened. So the handler also *records* th
 driver calls :meth:`Interrupts.check` at its safe points: a lost interrupt is raised again there. A
 second signal while the run is already stopping is recorded but not raised, so that it cannot cut
 the teardown or the report short (the teardown is bounded; SIGKILL remains for the impatient).
+From the first signal on, what Ray's core writes to descriptor 2 is dropped (:mod:`teibatch.native_stderr`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
+
+from teibatch.native_stderr import quiet_native
 
 
 class Interrupts:
@@ -24,6 +27,7 @@ class Interrupts:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
+        quiet_native()  # Ray's core reports its own teardown from here on (teibatch/native_stderr.py)
         if len(self.received) == 1:
             raise KeyboardInterrupt
 

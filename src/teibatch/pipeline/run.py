@@ -30,6 +30,7 @@ from teibatch.errors import (
 )
 from teibatch.fleet import Capability, Provider, supports
 from teibatch.job import JobSpec
+from teibatch.native_stderr import quiet_native
 from teibatch.pipeline.calibration import output_quantization
 from teibatch.pipeline.chunking_setup import CounterSource, chunk_plan, chunking_info, early_counter
 from teibatch.pipeline.chunks import ChunkTally
@@ -164,6 +165,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
     except (KeyboardInterrupt, SystemExit):
         # SystemExit: a SIGTERM handled by a library's own handler (ray.init installs one that exits when it
         # runs on the main thread) must still end with an honest report.
+        quiet_native()
         summary.status = "interrupted"
         summary.errors.append("interrupted (Ctrl-C or SIGTERM)")
     except StorageFull as exc:  # written nowhere else: a shard's own is caught by Run.finish
