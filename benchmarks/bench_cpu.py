@@ -21,7 +21,8 @@ Client CPU is the CPU of every process of the contestant's tree, not the servers
 3. live sampling (every 0.1 s, each process's own user + system) of the processes whose accounting
    is lost: those under Ray's raylet, which ignores ``SIGCHLD`` so its workers' CPU never reaches a
    parent's account, and any still running after a grace period (then stopped). Such a process
-   loses at most its last 0.1 s.
+   loses at most its last 0.1 s. A worker whose raylet ends before it is orphaned to this script
+   and reaped here: its exact CPU is then in 2., and its samples are dropped (counted once).
 
 The output is checked: one row per document, no duplicate id (the floor: its vector count).
 
@@ -139,17 +140,21 @@ def running(process: psutil.Process) -> bool:
         return False
 
 
-def reap_leftovers(exclude: set[int], watch: Unaccounted) -> float:
+def reap_leftovers(exclude: set[int], watch: Unaccounted) -> tuple[float, set[int]]:
     """Reap the contestant's orphans as they end; after :data:`GRACE_S`, count and stop the rest.
 
-    Returns the sampled CPU of those still running at the end (stopped here, their exit not counted).
+    Returns the sampled CPU of those still running at the end (stopped here, their exit not counted),
+    and the processes reaped here: their exact CPU is in ``RUSAGE_CHILDREN``, sampled or not (a Ray
+    worker whose raylet ended before it is orphaned to this script and reaped here).
     """
     deadline = time.monotonic() + GRACE_S
+    reaped: set[int] = set()
     while True:
         mine = [p for p in psutil.Process().children() if p.pid not in exclude]
         for process in mine:
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(process.pid, os.WNOHANG)
+                if os.waitpid(process.pid, os.WNOHANG)[0]:
+                    reaped.add(process.pid)
         alive = [p for p in watch.sample() if running(p)]
         if not alive or time.monotonic() > deadline:
             break
@@ -161,7 +166,7 @@ def reap_leftovers(exclude: set[int], watch: Unaccounted) -> float:
             if process.pid not in watch.lost:
                 left += cpu.user + cpu.system
             process.kill()
-    return left
+    return left, reaped
 
 
 def measure(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
@@ -177,12 +182,12 @@ def measure(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, 
         wall = time.monotonic() - started
         if done.returncode != 0:
             raise SystemExit(f"{command[1]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        left = reap_leftovers(exclude, watch)
+        left, reaped_here = reap_leftovers(exclude, watch)
         reaped = children_cpu() - before
     for pid in {p.pid for p in psutil.Process().children() if p.pid not in exclude}:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)  # the leftovers just stopped: reaped after the count, not in it
-    sampled = sum(watch.lost.values()) + left
+    sampled = sum(cpu for pid, cpu in watch.lost.items() if pid not in reaped_here) + left  # none counted twice
     return wall, reaped + sampled, sampled
 
 
