@@ -35,7 +35,7 @@ from teibatch.pipeline.senders.plans import (
 from teibatch.pipeline.senders.sending import embed_through_senders
 from teibatch.server.backends import HashingEmbedder
 from teibatch.server.testing import running_server
-from teibatch.tei import ClientLimits, EmbedOptions
+from teibatch.tei import ClientLimits, EmbedOptions, EmbedResult
 from tests.conftest import write_jsonl
 
 LIMITS = ("--max-client-batch-size", "4", "--max-concurrent-requests", "8", "--simulate-gpu", "20000")
@@ -152,7 +152,15 @@ def test_senders_are_sized_by_servers() -> None:
     assert len(plans) == 3
     assert sorted(p.endpoint.url for plan in plans for p in plan.servers) == sorted(s.endpoint.url for s in servers)
     assert plans[0].budget == 512 * len(plans[0].servers)
-    assert plans[0].chunk_size == 8 * 32
+    # A chunk: 8 budgets of texts, as long as their 384 float32s fit 16 MiB; never under 8 full requests.
+    assert plans[0].chunk_size == min(8 * plans[0].budget, 16 * 2**20 // (4 * 384)) == 10922
+    assert dataclasses.replace(plans[0], dimension=None).chunk_size == 8 * plans[0].budget
+    assert dataclasses.replace(plans[0], dimension=4096).chunk_size == 16 * 2**20 // (4 * 4096)
+    assert dataclasses.replace(plans[0], dimension=30522).chunk_size == 8 * 32
+    tight = dataclasses.replace(plans[0], servers=(ServerPlan(Endpoint("http://127.0.0.1:9100"),
+                                                  ClientLimits(max_batch_size=8, max_inflight_inputs=24,
+                                                               payload_limit=2_000_000)),))
+    assert tight.chunk_size == 8 * 24
 
 
 def test_the_next_chunk_goes_to_the_sender_with_the_least_outstanding_per_input_of_its_budget() -> None:
@@ -267,7 +275,7 @@ def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None
 
             def texts() -> Iterator[str]:
                 for i in range(3 * sender.chunk_size):
-                    if i == sender.chunk_size:
+                    if i == sender.first_chunk_size:
                         deadline = time.monotonic() + 20
                         while not stats(url)["inputs_embedded"] and time.monotonic() < deadline:
                             time.sleep(0.05)
@@ -279,6 +287,35 @@ def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None
             stop_senders([sender.actor])
     assert seen_before_the_rest and seen_before_the_rest[0] > 0
     assert result.ok.all() and len(result.ok) == 3 * sender.chunk_size and not result.failures
+
+
+class ChunkRecorder:
+    """A sender that only notes the size of each chunk it is sent and answers it with zero vectors."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def embed(self, texts: list[str], priority: float, plan: SenderPlan) -> EmbedResult:
+        self.sizes.append(len(texts))
+        result = EmbedResult.blank(len(texts), 4, sparse=False)
+        result.ok[:] = True
+        return result
+
+    def stream_done(self, stream: str) -> None:
+        pass
+
+    def chunks(self) -> list[int]:
+        return self.sizes
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_s_chunks_grow_from_a_few_requests_to_the_full_size(ray_session: None) -> None:
+    plan = plan_for(["http://127.0.0.1:9"], batch=4, inflight=64)  # never reached: the recorder answers
+    assert (plan.first_chunk_size, plan.chunk_size) == (8 * 4, 8 * 64)
+    recorder = ray.remote(ChunkRecorder).remote()
+    result = embed_through_senders((f"text {i}" for i in range(2000)), [SenderRef(recorder, plan)], 4, stream="s")
+    assert result.ok.all() and len(result.ok) == 2000
+    assert ray.get(recorder.chunks.remote()) == [32, 128, 512, 512, 512, 2000 - 32 - 128 - 3 * 512]
 
 
 def test_a_warmed_sender_keeps_its_start_up_objects_out_of_the_collectors_scans() -> None:

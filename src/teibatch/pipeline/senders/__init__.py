@@ -22,8 +22,10 @@ How the pieces meet:
 
 * How many senders: one per ``SERVERS_PER_SENDER`` servers (servers, not CPUs, size them); each
   is an asyncio actor with ``num_cpus=0`` placed on the driver's node (where SSH tunnels end).
-* What a chunk is: ``CHUNK_BATCHES`` full requests' worth of texts, so sharing never shrinks a
-  request: only the last chunk of a shard may end in a smaller one.
+* What a chunk is: ``CHUNK_BUDGETS`` times its sender's budget in texts, fewer where their vectors
+  would pass ``CHUNK_VECTOR_BYTES``, never fewer than ``CHUNK_BATCHES`` full requests' worth, so
+  sharing never shrinks a request (only the last chunk of a shard may end in a smaller one) and the
+  fixed cost of each chunk (a Ray call each way, objects in Ray's store) spreads over many texts.
 * Inside a sender, chunks are admitted oldest shard task first (``pipeline/admission.py``); enough
   of them at once to fill every server's window, and no more, so a chunk's requests go out together
   and it comes back soon, and tasks finish one after another instead of all at once.

@@ -19,6 +19,15 @@ T = TypeVar("T")
 
 SERVERS_PER_SENDER = 4
 CHUNK_BATCHES = 8
+# A chunk also holds this many times its sender's budget, as long as its float32 vectors fit in
+# CHUNK_VECTOR_BYTES: each chunk costs a Ray call each way and objects in Ray's store, milliseconds of
+# CPU over the shard task, the sender and Ray's daemons; at 256 texts a chunk that was a fifth of the
+# client's CPU (docs/benchmarks.md).
+CHUNK_BUDGETS = 8
+CHUNK_VECTOR_BYTES = 16 * 2**20
+# A shard's first chunk is CHUNK_BATCHES full requests, and each next one this many times the one
+# before, up to the full size: the servers get a shard's first texts as soon as they are read.
+CHUNK_GROWTH = 4
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,17 @@ class SenderPlan:
 
     @property
     def chunk_size(self) -> int:
-        """Texts in one chunk: ``CHUNK_BATCHES`` full requests to the largest batch among its servers."""
+        """Texts in one chunk: ``CHUNK_BUDGETS`` times the sender's budget, no more than fit
+        ``CHUNK_VECTOR_BYTES`` of vectors once the dimension is known, and never less than
+        ``CHUNK_BATCHES`` full requests to the largest batch among its servers."""
+        size = CHUNK_BUDGETS * self.budget
+        if self.dimension:
+            size = min(size, CHUNK_VECTOR_BYTES // (4 * self.dimension))
+        return max(size, self.first_chunk_size)
+
+    @property
+    def first_chunk_size(self) -> int:
+        """Texts in a shard's first chunk: ``CHUNK_BATCHES`` full requests to the largest batch among its servers."""
         return CHUNK_BATCHES * max(p.limits.max_batch_size for p in self.servers)
 
 
@@ -87,6 +106,10 @@ class SenderRef:
     @property
     def chunk_size(self) -> int:
         return self.plan.chunk_size
+
+    @property
+    def first_chunk_size(self) -> int:
+        return self.plan.first_chunk_size
 
 
 def least_loaded(senders: Sequence[SenderRef], load: Sequence[int], among: Iterable[int] | None = None) -> int:

@@ -15,7 +15,7 @@ from itertools import islice
 import ray
 
 from teibatch.errors import CapacityUnavailable, SenderFailed
-from teibatch.pipeline.senders.plans import SenderRef, least_loaded
+from teibatch.pipeline.senders.plans import CHUNK_GROWTH, SenderRef, least_loaded
 from teibatch.tei import EmbedResult
 
 # A task keeps this many of a sender's budgets outstanding there (plus a chunk): enough queued in the
@@ -60,7 +60,8 @@ def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priori
     can write the leading vectors while the rest are embedded.
 
     ``texts`` is read lazily, one chunk at a time, only when a sender has room for it: the first chunk
-    goes out as soon as it is read, while the rest of the shard is still being read and hashed.
+    (a few full requests) goes out as soon as it is read, while the rest of the shard is still being
+    read and hashed; each next chunk is ``CHUNK_GROWTH`` times larger, up to the senders' chunk size.
 
     ``priority`` orders this task's chunks against other tasks' in each sender (lower first): the
     task's start time, so that the oldest task finishes first (see ``pipeline/admission.py``).
@@ -95,7 +96,8 @@ class _Once:
 def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
                     all_sent: Callable[[], None]) -> Iterator[tuple[int, EmbedResult]]:
     """The work of :func:`embedded_in_order`; ``all_sent`` is called once the last chunk is out."""
-    chunk_size = min(s.chunk_size for s in senders)
+    full_size = min(s.chunk_size for s in senders)
+    chunk_size = min(s.first_chunk_size for s in senders)
     source = iter(texts)
     count = 0  # texts read from ``source`` so far
     unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
@@ -111,6 +113,7 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority
             if not unsent and not exhausted:
                 chunk = list(islice(source, chunk_size))
                 exhausted = len(chunk) < chunk_size
+                chunk_size = min(chunk_size * CHUNK_GROWTH, full_size)
                 if chunk:
                     unsent.append((count, chunk))
                     count += len(chunk)
