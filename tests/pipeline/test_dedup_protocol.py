@@ -10,12 +10,13 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from itertools import islice
 
 import numpy as np
 import pytest
 import ray
 
-from teibatch.pipeline.dedup import Dedup, DedupRegistry, ShardCopies
+from teibatch.pipeline.dedup import Dedup, DedupRegistry, ShardCopies, claim_sizes
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -188,3 +189,8 @@ def test_a_later_shard_takes_an_ended_shards_vector_from_the_object_store(dedup:
     assert sorted(later.sent) == [1] and later.finish() == []
     np.testing.assert_array_equal(later.vector(0), ended.sent[1])
     assert stats(dedup)["published_bytes"] == 0 and stats(dedup)["objects_read"] == 1
+
+
+def test_a_shard_s_claims_grow_from_a_few_hundred_hashes_to_a_few_thousand() -> None:
+    # The first texts go out after a small claim; a large shard then claims in few Ray calls.
+    assert list(islice(claim_sizes(), 5)) == [512, 2048, 8192, 8192, 8192]

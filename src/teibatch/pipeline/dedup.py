@@ -55,12 +55,26 @@ from teibatch.sparse import Vector, stack_rows
 
 DEDUP_MAX_TEXTS = 2_000_000
 DEDUP_KEEP_BYTES = 256 * 1024 * 1024
-# Hashes a shard claims in one call: its texts are read this far ahead of sending.
+# Hashes a shard claims in one call: its texts are read this far ahead of sending. A shard's first
+# claim is CLAIM_BATCH hashes, and each next one CLAIM_GROWTH times the one before, up to
+# MAX_CLAIM_BATCH: the first texts go out soon, and a large shard makes few calls (each one a Ray
+# round trip, milliseconds of CPU).
 CLAIM_BATCH = 512
+CLAIM_GROWTH = 4
+MAX_CLAIM_BATCH = 8192
 # How long a shard waits for the vectors other shards send for it, in request timeouts (plus a
 # margin): by then their requests have failed or timed out, and the shard sends the texts itself.
 WAIT_TIMEOUTS = 4
 WAIT_MARGIN_S = 30.0
+
+
+def claim_sizes() -> Iterator[int]:
+    """How many hashes each of a shard's claims holds, in turn: :data:`CLAIM_BATCH`, then each
+    :data:`CLAIM_GROWTH` times the one before, up to :data:`MAX_CLAIM_BATCH`."""
+    size = CLAIM_BATCH
+    while True:
+        yield size
+        size = min(size * CLAIM_GROWTH, MAX_CLAIM_BATCH)
 
 
 def hash_key(content_hash: str) -> bytes:

@@ -31,7 +31,7 @@ from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
-from teibatch.pipeline.dedup import CLAIM_BATCH, ShardCopies
+from teibatch.pipeline.dedup import ShardCopies, claim_sizes
 from teibatch.pipeline.landed import ShardLanded
 from teibatch.pipeline.senders.plans import SenderRef
 from teibatch.pipeline.senders.sending import embed_through_senders, embedded_in_order
@@ -228,6 +228,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     def texts_to_embed() -> Iterator[str]:
         batch: list[tuple[int, str]] = []
+        sizes = claim_sizes()
+        claim = next(sizes)
         for unit, text in fresh:
             previous = known.get(units.ids[unit])
             if previous is not None and previous[0] == units.hashes[unit]:
@@ -239,9 +241,9 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                 yield text
             else:
                 batch.append((unit, text))
-                if len(batch) >= CLAIM_BATCH:
+                if len(batch) >= claim:
                     yield from send(batch)
-                    batch = []
+                    batch, claim = [], next(sizes)
         yield from send(batch)
 
     def send(batch: list[tuple[int, str]]) -> Iterator[str]:
