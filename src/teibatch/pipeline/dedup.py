@@ -51,6 +51,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from teibatch.pipeline.ramp import growing_sizes
 from teibatch.sparse import Vector, stack_rows
 
 DEDUP_MAX_TEXTS = 2_000_000
@@ -71,10 +72,7 @@ WAIT_MARGIN_S = 30.0
 def claim_sizes() -> Iterator[int]:
     """How many hashes each of a shard's claims holds, in turn: :data:`CLAIM_BATCH`, then each
     :data:`CLAIM_GROWTH` times the one before, up to :data:`MAX_CLAIM_BATCH`."""
-    size = CLAIM_BATCH
-    while True:
-        yield size
-        size = min(size * CLAIM_GROWTH, MAX_CLAIM_BATCH)
+    return growing_sizes(CLAIM_BATCH, CLAIM_GROWTH, MAX_CLAIM_BATCH)
 
 
 def hash_key(content_hash: str) -> bytes:

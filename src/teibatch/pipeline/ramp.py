@@ -13,9 +13,15 @@ machines, whose new workers take nothing from the senders' cores.
 After that, as many tasks as the machine has cores, and :data:`TASKS_ADDED_PER_FINISH` more each
 time one finishes, up to the run's limit: Ray keeps a worker process per core, and starting all the
 others at once would take the CPU the senders need.
+
+Within a shard, :func:`growing_sizes` ramps the same way: its first chunk of texts and its first
+dedup claim are small, so its first texts go out as soon as they are read, and the later ones are
+large, so a long shard makes few Ray calls.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 FIRST_TASK_ALONE_S = 1.0
 TASKS_ADDED_PER_FINISH = 2
@@ -44,3 +50,11 @@ class TaskRamp:
     def seconds_to_change(self, now: float) -> float | None:
         """How long until :meth:`tick` raises the allowance; ``None`` when it will not."""
         return max(0.0, self._alone_until - now) if self.allowed < self._after_alone else None
+
+
+def growing_sizes(first: int, factor: int, largest: int) -> Iterator[int]:
+    """``first``, then each size ``factor`` times the one before, up to ``largest`` (never below ``first``)."""
+    size = first
+    while True:
+        yield size
+        size = max(first, min(size * factor, largest))

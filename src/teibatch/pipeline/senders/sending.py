@@ -15,6 +15,7 @@ from itertools import islice
 import ray
 
 from teibatch.errors import CapacityUnavailable, SenderFailed
+from teibatch.pipeline.ramp import growing_sizes
 from teibatch.pipeline.senders.plans import CHUNK_GROWTH, SenderRef, least_loaded
 from teibatch.tei import EmbedResult
 
@@ -96,8 +97,8 @@ class _Once:
 def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
                     all_sent: Callable[[], None]) -> Iterator[tuple[int, EmbedResult]]:
     """The work of :func:`embedded_in_order`; ``all_sent`` is called once the last chunk is out."""
-    full_size = min(s.chunk_size for s in senders)
-    chunk_size = min(s.first_chunk_size for s in senders)
+    sizes = growing_sizes(min(s.first_chunk_size for s in senders), CHUNK_GROWTH, min(s.chunk_size for s in senders))
+    chunk_size = next(sizes)
     source = iter(texts)
     count = 0  # texts read from ``source`` so far
     unsent: deque[tuple[int, list[str]]] = deque()  # chunks read, or to be sent again
@@ -113,7 +114,7 @@ def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority
             if not unsent and not exhausted:
                 chunk = list(islice(source, chunk_size))
                 exhausted = len(chunk) < chunk_size
-                chunk_size = min(chunk_size * CHUNK_GROWTH, full_size)
+                chunk_size = next(sizes)
                 if chunk:
                     unsent.append((count, chunk))
                     count += len(chunk)
