@@ -47,6 +47,7 @@ RULES = DocumentRules(id_field="id", text_field="text", keep_fields=("title",))
         pytest.param({"id": "a", "text": None}, Reject("a", REJECT_NON_STRING_TEXT, ""), id="null-text"),
         pytest.param({"id": "a", "text": ""}, Reject("a", REJECT_EMPTY_TEXT, ""), id="empty-text"),
         pytest.param({"id": "a", "text": " \n\t"}, Reject("a", REJECT_EMPTY_TEXT, ""), id="blank-text"),
+        pytest.param({"id": "a", "text": "\u3000\u2028\x1c"}, Reject("a", REJECT_EMPTY_TEXT, ""), id="unicode-blank"),
         pytest.param(Malformed("f:4: bad"), Reject("f#3", REJECT_MALFORMED, "f:4: bad"), id="malformed"),
     ],
 )

@@ -4,8 +4,10 @@ import re
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from teibatch.corpus import content_hash
+from teibatch.corpus import content_hash, content_hasher
 
 OPTIONS = {"model": "BAAI/bge-small-en-v1.5", "normalize": True, "truncate": True, "prompt_name": None,
            "dimensions": None}
@@ -45,3 +47,10 @@ def test_fast_enough_for_every_document() -> None:
     for _ in range(20_000):
         content_hash(text, OPTIONS)
     assert time.perf_counter() - started < 2.0
+
+
+@given(st.lists(st.text(), max_size=5))
+def test_a_hasher_of_fixed_options_gives_content_hash(texts: list[str]) -> None:
+    hash_text = content_hasher(OPTIONS)
+    assert [hash_text(t) for t in texts] == [content_hash(t, OPTIONS) for t in texts]
+    assert hash_text("\ud800 lone surrogate") == content_hash("\ud800 lone surrogate", OPTIONS)

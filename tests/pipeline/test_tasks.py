@@ -3,6 +3,7 @@ still commits or fails on its own."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import signal
@@ -22,6 +23,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import CorpusMismatch
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
+from teibatch.pipeline.cycles import no_cycle_collection
 from teibatch.pipeline.run import MAX_SHARDS_PER_TASK, _tasks
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import ClientLimits, EmbedOptions
@@ -143,3 +145,16 @@ def test_a_killed_chunked_run_had_committed_part_of_the_corpus(tmp_path: Path, r
     assert [r["shards"]["skipped_committed"] for r in reports] == [1]  # the killed run wrote none
     ids = ds.dataset(out / "vectors").to_table(columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids)) > 120 * 10
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_shard_task_runs_without_the_cycle_collector_and_puts_it_back(enabled_before: bool) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        with pytest.raises(RuntimeError), no_cycle_collection():
+            assert not gc.isenabled()
+            raise RuntimeError("a shard failed")
+        assert gc.isenabled() is enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()

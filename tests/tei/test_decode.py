@@ -61,6 +61,27 @@ def test_rows_of_unequal_length_are_refused_not_reshaped() -> None:
         decode_vectors(ROUTE_OPENAI_BASE64, orjson.dumps({"data": data}))
 
 
+@pytest.mark.parametrize("dimension", [pytest.param(384, id="unpadded-joined"), pytest.param(1024, id="padded"),
+                                       pytest.param(5, id="padded-short")])
+def test_base64_rows_decode_with_and_without_padding(dimension: int) -> None:
+    vectors = np.random.default_rng(dimension).standard_normal((7, dimension)).astype(np.float32)
+    np.testing.assert_array_equal(decode_vectors(ROUTE_OPENAI_BASE64, openai_body(vectors, list(range(7)))), vectors)
+
+
+def test_rows_of_equal_width_but_other_padding_are_refused() -> None:
+    # "AAAAAA==" holds 4 bytes, "AAAAAAA=" 5: as wide, but not one float32 vector size.
+    data = [{"index": 0, "embedding": "AAAAAA=="}, {"index": 1, "embedding": "AAAAAAA="}]
+    with pytest.raises(ValueError, match="equal-length"):
+        decode_vectors(ROUTE_OPENAI_BASE64, orjson.dumps({"data": data}))
+
+
+def test_padding_inside_joined_rows_is_refused() -> None:
+    # Two rows with no padding of their own but "=" inside one: not base64 of a vector.
+    data = [{"index": 0, "embedding": "AACAPw=A"}, {"index": 1, "embedding": "AACAPwAA"}]
+    with pytest.raises(ValueError):
+        decode_vectors(ROUTE_OPENAI_BASE64, orjson.dumps({"data": data}))
+
+
 @pytest.mark.parametrize("order", [pytest.param([0, 0, 1, 2, 3], id="repeated"),
                                    pytest.param([0, 1, 2, 3, 7], id="gap")])
 def test_indexes_other_than_0_to_n_are_refused(order: list[int]) -> None:

@@ -4,7 +4,7 @@ and cut long documents into chunks counted by the servers' own token rule."""
 from __future__ import annotations
 
 from teibatch.corpus.chunking import REJECT_UNCHUNKABLE, Chunk, ChunkedDocument, Chunker, ChunkingOptions
-from teibatch.corpus.hashing import content_hash
+from teibatch.corpus.hashing import content_hash, content_hasher
 from teibatch.corpus.kept import KeptFields, keep_field_types
 from teibatch.corpus.listing import LeftOut, Listing, SourceFile, list_corpus, list_sources
 from teibatch.corpus.probe import CorpusProbe, probe_corpus
@@ -50,6 +50,7 @@ __all__ = [
     "SourceFile",
     "TokenCounter",
     "content_hash",
+    "content_hasher",
     "find_tokenizer_file",
     "keep_field_types",
     "list_corpus",

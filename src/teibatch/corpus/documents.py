@@ -90,8 +90,10 @@ class DocumentRules:
             kind = "null" if text is None else type(text).__name__
             return Reject(doc_id, REJECT_NON_STRING_TEXT,
                           f"{place}: field {self.text_field!r} holds {kind}, not a string")
-        if not text.strip():
+        if not text or text.isspace():  # what strip() would empty, without making the stripped copy
             return Reject(doc_id, REJECT_EMPTY_TEXT, f"{place}: field {self.text_field!r} is empty")
+        if not self.keep_fields and not self.title_field:  # most jobs: no per-row dict or call for nothing
+            return Document(doc_id, text)
         return Document(doc_id, text, {name: self._kept(name, lookup(row, name), place) for name in self.keep_fields},
                         self._title(row))
 

@@ -154,7 +154,7 @@ def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
             continue  # blank lines are not records
         if row >= start:
             yield row, line_number, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
-                                                  Place(name, row, line_number)) if parse else {}
+                                                  name, row, line_number) if parse else {}
         row += 1
         position.row = row
 
@@ -165,21 +165,22 @@ def _json(stream: Any, name: str, start: int, stop: int | None, parse: bool,
         if stop is not None and row >= stop:
             return
         if row >= start:
-            yield row, None, _parse_object(element, Place(name, row)) if parse else {}
+            yield row, None, _parse_object(element, name, row) if parse else {}
         position.row = row + 1
 
 
-def _parse_object(raw: bytes, place: Place) -> Row:
+def _parse_object(raw: bytes, name: str, row: int, line: int | None = None) -> Row:
+    """Row ``row`` of file ``name`` (on ``line``) parsed: a JSON object, or ``Malformed`` saying where and why."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         record = _lenient(raw)
         bad = None if record is None else _bad_text(record)
         if record is None or bad is None:
-            return Malformed(f"{place}: {exc}")
-        return Malformed(f"{place}: {bad}", record)
+            return Malformed(f"{Place(name, row, line)}: {exc}")
+        return Malformed(f"{Place(name, row, line)}: {bad}", record)
     if not isinstance(value, dict):
-        return Malformed(f"{place}: expected a JSON object, got {type(value).__name__}")
+        return Malformed(f"{Place(name, row, line)}: expected a JSON object, got {type(value).__name__}")
     return value
 
 

@@ -36,7 +36,7 @@ from teibatch.corpus import (
     HFTokenCounter,
     Reject,
     TokenCounter,
-    content_hash,
+    content_hasher,
 )
 from teibatch.corpus.token_count import require_tokenizers
 from teibatch.endpoint import Endpoint
@@ -303,6 +303,7 @@ class Units:
 
     def __init__(self, plan: ChunkPlan | None, hash_options: dict[str, Any]) -> None:
         self.plan, self.hash_options = plan, hash_options
+        self.hash_text = content_hasher(hash_options)
         self.ids: list[str] = []
         self.hashes: list[str] = []
         self.doc: list[int] = []
@@ -325,7 +326,7 @@ class Units:
         if self.plan is None:
             for document in documents:
                 self._add_document(record, document)
-                self._add(document.id, content_hash(document.text, self.hash_options))
+                self._add(document.id, self.hash_text(document.text))
                 yield len(self.ids) - 1, document.text
             return
         batch: list[Document] = []
@@ -361,7 +362,7 @@ class Units:
             first = len(self.ids)
             self._add_document(record, document)
             for chunk in cut.chunks:
-                self._add(f"{document.id}#{chunk.index}", content_hash(chunk.text, self.hash_options))
+                self._add(f"{document.id}#{chunk.index}", self.hash_text(chunk.text))
                 self.index.append(chunk.index)
                 self.count.append(len(cut.chunks))
                 self.start.append(chunk.char_start)
@@ -524,7 +525,7 @@ class RowsInOrder:
         norms = np.linalg.norm(means, axis=1, keepdims=True)
         means = (means / np.where(norms > 0, norms, 1.0)).astype(np.float32)
         documents = [self._documents[units.doc[rows[s]]] for s in starts]
-        hashes = [content_hash(d.text, units.hash_options) for d in documents]
+        hashes = [units.hash_text(d.text) for d in documents]
         self.document_rows.append(documents_table(
             self._schema, ids=[d.id for d in documents], vectors=means, hashes=hashes,
             chunk_counts=[units.count[rows[s]] for s in starts],

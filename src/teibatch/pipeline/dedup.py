@@ -80,7 +80,7 @@ def hash_key(content_hash: str) -> bytes:
     return bytes.fromhex(content_hash)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Kept:
     """Vectors a shard left in the object store when it ended: the reference, and the rows once read."""
 
@@ -88,7 +88,7 @@ class _Kept:
     rows: tuple[np.ndarray, np.ndarray] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     owner: str
     vector: Vector | None = None

@@ -31,6 +31,7 @@ from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
 from teibatch.pipeline.context import ShardContext
+from teibatch.pipeline.cycles import no_cycle_collection
 from teibatch.pipeline.dedup import ShardCopies, claim_sizes
 from teibatch.pipeline.landed import ShardLanded
 from teibatch.pipeline.senders.plans import SenderRef
@@ -109,14 +110,15 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     node = ray.get_runtime_context().get_node_id()
     stage = staged or (False,) * len(shards)
     try:
-        if len(shards) == 1:
-            outcomes: list[ShardOutcome | BaseException] = [
-                process_shard(shards[0], context, senders, previous[0], stage=stage[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
-                futures = [pool.submit(process_shard, shard, context, senders, parts, stage=staged_one)
-                           for shard, parts, staged_one in zip(shards, previous, stage, strict=True)]
-            outcomes = [future.exception() or future.result() for future in futures]
+        with no_cycle_collection():
+            if len(shards) == 1:
+                outcomes: list[ShardOutcome | BaseException] = [
+                    process_shard(shards[0], context, senders, previous[0], stage=stage[0])]
+            else:
+                with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="teibatch-shard") as pool:
+                    futures = [pool.submit(process_shard, shard, context, senders, parts, stage=staged_one)
+                               for shard, parts, staged_one in zip(shards, previous, stage, strict=True)]
+                outcomes = [future.exception() or future.result() for future in futures]
     finally:
         # The servers' /tokenize counter, when the chunker counted with it: closed with the task.
         tokenize = context.chunking.source.release() if context.chunking is not None else None

@@ -52,6 +52,7 @@ from teibatch.corpus.documents import IdSeen
 from teibatch.corpus.rows import Place
 from teibatch.corpus.sharding import ids_can_repeat, read_ids
 from teibatch.errors import CorpusError
+from teibatch.pipeline.cycles import no_cycle_collection
 from teibatch.sink import OutputStore
 from teibatch.sink.id_repeats import partition_count, read_partition, repeated, spill
 
@@ -176,15 +177,16 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
     shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
     """
     columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
-    for index, shard in shards:
-        try:
-            rows = [(doc_id, index, position, place.row, place.line, integer)
-                    for position, doc_id, place, integer in read_ids(options, shard)]
-        except CorpusError:
-            continue
-        for row in rows:
-            for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
-                columns[column].append(value)
+    with no_cycle_collection():
+        for index, shard in shards:
+            try:
+                rows = [(doc_id, index, position, place.row, place.line, integer)
+                        for position, doc_id, place, integer in read_ids(options, shard)]
+            except CorpusError:
+                continue
+            for row in rows:
+                for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
+                    columns[column].append(value)
     store = OutputStore(output, output_options)
     spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
 

@@ -6,7 +6,7 @@ Decoding is the client's main CPU cost (``docs/client.md`` has the numbers):
   converts the nested lists in one call; measured against ``np.fromstring(sep=",")``, a flat
   ``orjson`` list, and the standard ``json`` module, this was the fastest.
 * ``/v1/embeddings`` with ``encoding_format: base64`` answers each vector as base64 of its
-  little-endian float32 bytes: ``orjson`` only scans strings, ``binascii`` decodes them, numpy views
+  little-endian float32 bytes: ``orjson`` only scans strings, ``pybase64`` decodes them, numpy views
   the bytes; cheaper still than the ``/embed`` path.
 * ``/embed_sparse`` answers each text's non-zero entries as ``{"index": i, "value": v}`` objects:
   ``orjson`` parses them, and ``itemgetter`` with ``np.fromiter`` take the numbers out in C
@@ -27,6 +27,7 @@ import operator
 
 import numpy as np
 import orjson
+import pybase64
 
 ROUTE_EMBED = "embed"
 ROUTE_OPENAI_BASE64 = "openai-base64"
@@ -34,6 +35,7 @@ ROUTE_EMBED_SPARSE = "embed_sparse"
 
 _INDEX = operator.itemgetter("index")
 _VALUE = operator.itemgetter("value")
+_EMBEDDING = operator.itemgetter("embedding")
 
 SparseBatch = tuple[np.ndarray, np.ndarray, np.ndarray]
 """``(offsets, indices, values)``: row ``r``'s entries are ``[offsets[r]:offsets[r + 1]]`` of the flat
@@ -65,34 +67,40 @@ def decode_embed(content: bytes) -> np.ndarray:
 def decode_base64(content: bytes) -> np.ndarray:
     """OpenAI's ``{"data": [{"embedding": "<base64>", "index": i}, ...]}`` → rows in ``index`` order.
 
-    ``binascii`` skips characters outside the base64 alphabet, so each row's decoded length is
-    compared with what its text must give; rows of unequal length or indexes other than
-    ``0..n-1`` are refused rather than reshaped into wrong vectors.
+    ``pybase64`` decodes (SIMD, several times ``binascii``'s speed) and, with ``validate``, refuses
+    any character outside the alphabet and padding anywhere but at the end, so a row decodes to
+    exactly the bytes its length says. When rows carry no padding (a 384-d row is 1,536 bytes,
+    2,048 characters) they are joined and decoded in one call. Rows of unequal length, or indexes
+    other than ``0..n-1``, are refused rather than reshaped into wrong vectors.
     """
     try:
         rows = orjson.loads(content)["data"]
-        rows = sorted(rows, key=lambda row: row["index"])
-        texts = [row["embedding"] for row in rows]
-        chunks = [binascii.a2b_base64(text) for text in texts]
+        indexes = list(map(_INDEX, rows))
+        if indexes != list(range(len(rows))):  # TEI answers in order; anything else is sorted, then checked
+            rows = sorted(rows, key=_INDEX)
+            indexes = list(map(_INDEX, rows))
+        texts = list(map(_EMBEDDING, rows))
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        if indexes != list(range(len(rows))):
+            raise ValueError(f"the {len(rows)} rows' indexes are not 0..{len(rows) - 1}")
+        width = len(texts[0])
+        if any(len(text) != width for text in texts):
+            raise ValueError("rows are not base64 of equal-length float32 vectors")
+        joined = "".join(texts)
+        if width % 4 == 0 and "=" not in joined:
+            raw = pybase64.b64decode(joined, validate=True)
+        else:
+            chunks = [pybase64.b64decode(text, validate=True) for text in texts]
+            if any(len(chunk) != len(chunks[0]) for chunk in chunks):
+                raise ValueError("rows are not base64 of equal-length float32 vectors")
+            raw = b"".join(chunks)
     except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error) as exc:
         raise ValueError(f"not an OpenAI base64 embeddings answer: {exc}") from exc
-    if not rows:
-        return np.zeros((0, 0), dtype=np.float32)
-    if [row["index"] for row in rows] != list(range(len(rows))):
-        raise ValueError(f"the {len(rows)} rows' indexes are not 0..{len(rows) - 1}")
-    size = len(chunks[0])
-    for text, chunk in zip(texts, chunks, strict=True):
-        if len(chunk) != size or len(chunk) != _base64_size(text):
-            raise ValueError("rows are not base64 of equal-length float32 vectors")
-    if size % 4:
-        raise ValueError(f"{size} bytes a row is not a whole number of float32 values")
-    raw = b"".join(chunks)
+    size = len(raw) // len(rows)
+    if size % 4 or size == 0:
+        raise ValueError(f"{size} bytes a row is not a whole, non-zero number of float32 values")
     return np.frombuffer(raw, dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
-
-
-def _base64_size(text: str) -> int:
-    """The bytes that padded base64 ``text`` decodes to when every character is in the alphabet."""
-    return len(text) // 4 * 3 - text.count("=", -2) if len(text) % 4 == 0 else -1
 
 
 def decode_sparse(content: bytes) -> SparseBatch:
