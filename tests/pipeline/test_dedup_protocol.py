@@ -55,9 +55,9 @@ def stats(dedup: Dedup, **expected: int) -> dict[str, int]:
 class Shard:
     """One shard's texts and what it sent: the vector each text it sent got."""
 
-    def __init__(self, name: str, texts: list[str], dedup: Dedup) -> None:
+    def __init__(self, name: str, texts: list[str], dedup: Dedup, contested: set[int] | None = None) -> None:
         self.texts = texts
-        self.copies = ShardCopies(name, [digest(t) for t in texts], dedup)
+        self.copies = ShardCopies(name, [digest(t) for t in texts], dedup, contested)
         self.sent: dict[int, np.ndarray] = {}
 
     def send(self, units: range) -> None:
@@ -118,6 +118,20 @@ def test_a_corpus_without_repeats_publishes_no_vector(dedup: Dedup) -> None:
     held = 120 * DIMENSION * 4  # hashes, and vectors left in the object store, never read
     assert stats(dedup, vector_bytes=held) == {"texts": 120, "vector_bytes": held, "published_bytes": 0,
                                                "objects_read": 0}
+
+
+def test_with_the_shared_texts_known_only_those_are_claimed(dedup: Dedup) -> None:
+    # The id index says which texts another shard holds too: only those go to the registry.
+    first = Shard("first", ["its own", "shared text", "its own too"], dedup, contested={1})
+    second = Shard("second", ["shared text", "second's own"], dedup, contested={0})
+    first.send(range(0, 3))
+    second.send(range(0, 2))
+    assert sorted(first.sent) == [0, 1, 2] and sorted(second.sent) == [1]
+    assert stats(dedup)["texts"] == 1  # no claim for a text no other shard holds
+    joined = in_thread(lambda: second.finish())  # waits for the vector the first shard keeps when it ends
+    first.finish()
+    assert joined() < PROMPTLY_S
+    np.testing.assert_array_equal(second.vector(0), first.sent[1])  # the one text sent once, copied bit for bit
 
 
 def test_a_contested_hash_gets_the_owners_exact_vector(dedup: Dedup) -> None:

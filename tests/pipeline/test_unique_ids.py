@@ -15,9 +15,12 @@ import ray
 from click.testing import CliRunner
 
 from teibatch.cli import main
+from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.errors import EXIT_REFUSED
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
+from teibatch.pipeline.unique_ids import build_id_index, stored_id_index
+from teibatch.sink import OutputStore
 from tests.conftest import write_jsonl
 from tests.pipeline.test_crash_resume import crash_and_resume
 
@@ -158,3 +161,23 @@ def test_a_run_killed_between_shards_resumes_with_every_id_once(tmp_path: Path,
     found = rejects(out)
     assert len(found) == 65 and {reason for _, reason, _ in found} == {"duplicate_id"}
     assert {doc_id for doc_id, _, _ in found} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
+
+
+@pytest.mark.parametrize("partition_rows", [pytest.param(None, id="one-partition"),
+                                            pytest.param(3, id="many-partitions")])
+def test_the_index_lists_the_documents_whose_text_another_shard_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int | None) -> None:
+    if partition_rows is not None:
+        monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
+    # Shards of 4: "shared" is in shards 0 and 2, "twice" twice in shard 1 only; a bad row keeps its place.
+    texts = ["a", "shared", "b", "c", "twice", "d", "twice", "e", "f", "g", "shared", "h"]
+    rows: list[object] = [{"id": f"i{n}", "text": text} for n, text in enumerate(texts)]
+    rows.insert(9, {"id": "no-text"})
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", rows)
+    options = CorpusOptions(path=str(tmp_path / "corpus"), id_field="id", shard_docs=4)
+    shards = plan_shards(options)
+    store = OutputStore(str(tmp_path / "out"))
+    index = build_id_index(store, {}, options, shards)
+    assert index is not None
+    assert [sorted(index.shared_texts(shard.id)) for shard in shards] == [[1], [], [3], []]
+    assert index == stored_id_index(store, {}, shards)  # as a resumed run reads it

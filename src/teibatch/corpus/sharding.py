@@ -131,8 +131,8 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
                           f"but {count} were read; the corpus changed since planning, plan again")
 
 
-def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, Place, bool]]:
-    """The documents of ``shard`` as ``(position in the shard, id, place, integer id?)``, in order.
+def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, str, Place, bool]]:
+    """The documents of ``shard`` as ``(position in the shard, id, text, place, integer id?)``, in order.
 
     A row that :func:`read_shard` would reject for what it holds (no id, no text) is left out: only
     documents hold ids. Kept fields are not read, and the shard is not verified (its id digests its
@@ -142,7 +142,7 @@ def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, P
     root = resolve_root(options)
     for position, (place, item, integer) in enumerate(_items(options, root, shard, rules)):
         if isinstance(item, Document):
-            yield position, item.id, place, integer
+            yield position, item.id, item.text, place, integer
 
 
 def ids_can_repeat(options: CorpusOptions, shard: Shard) -> bool:

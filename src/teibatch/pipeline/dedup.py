@@ -19,7 +19,9 @@ each hash a shard has claimed:
   (Ray keeps it for later tasks; Ray 2.56 removed handing an object's ownership to an actor): if
   that process exits, the object may be lost, and a later copy of its texts is then sent again. The
   registry reads such an object only when a vector in it is asked for. A corpus with
-  no repeats costs the registry a claim and a keep per hash, never a vector.
+  no repeats costs the registry a claim and a keep per hash, never a vector; and none of these when
+  the run's id index lists the texts another shard holds too (``pipeline/unique_ids.py``): a shard
+  then claims only those (``ShardCopies.contested``), and keeps only their vectors.
 * An owner that cannot deliver never leaves a waiter stuck: a text the servers refused is
   given up at once (:meth:`DedupRegistry.abandon`), everything a shard still owns is given up
   when it ends (by the shard, and by the driver when its task ends, however it ends), and every
@@ -329,6 +331,10 @@ class ShardCopies:
     shard: str
     hashes: list[str]  # per unit (``Units.hashes``)
     dedup: Dedup | None = None
+    contested: set[int] | None = None
+    """The units whose text another shard holds too (known from the run's id index, filled as the shard
+    is read): only they are claimed in the registry, the others are this shard's without asking.
+    ``None``: not known, every unit is claimed."""
     copies: dict[int, tuple[str, Vector, bool]] = field(default_factory=dict)
     late: dict[int, tuple[str, Vector, bool]] = field(default_factory=dict)
     """Units another shard was to send, sent by this one after all (:meth:`wait`): not copies."""
@@ -464,6 +470,15 @@ class ShardCopies:
         return bool(taken.deliver)
 
     def _claim(self, units: list[int]) -> list[bool]:
+        """Whether this shard sends each of ``units`` (the first of their hash in it): the registry says
+        for those another shard may hold too; every other one is this shard's."""
+        if self.contested is not None:
+            contested = [u for u in units if u in self.contested]
+            mine = dict(zip(contested, self._ask(contested), strict=True))
+            return [mine.get(u, True) for u in units]
+        return self._ask(units)
+
+    def _ask(self, units: list[int]) -> list[bool]:
         if not units or self.dedup is None:
             return [True] * len(units)
         keys = [hash_key(self.hashes[u]) for u in units]

@@ -27,6 +27,7 @@ import pyarrow as pa
 import ray
 
 from teibatch.corpus import Document, Reject, Shard, read_shard
+from teibatch.corpus.sharding import ids_can_repeat
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
@@ -205,10 +206,20 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
     rejects: list[Reject] = []
     units = Units(context.chunking, context.hash_options)
 
+    # Without chunking a document is one unit: those whose text another shard holds too (the id index
+    # knows them) are the only ones the dedup registry is asked about.
+    shared = context.ids.shared_texts(shard.id) if context.ids is not None and context.dedup is not None \
+        and context.chunking is None and ids_can_repeat(context.corpus, shard) else None
+    contested: set[int] = set()  # of those, the units read so far
+
     def read_documents() -> Iterator[Document]:
         duplicates = context.ids.duplicates(shard.id) if context.ids is not None else None
-        for item in read_shard(context.corpus, shard, kept=context.kept, duplicates=duplicates):
+        ordinal = 0
+        for position, item in enumerate(read_shard(context.corpus, shard, kept=context.kept, duplicates=duplicates)):
             if isinstance(item, Document):
+                if shared and position in shared:
+                    contested.add(ordinal)
+                ordinal += 1
                 yield item
             else:
                 rejects.append(item)
@@ -226,7 +237,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
                                        context.schema)
     to_embed: list[int] = []
     reused: Reused = {}
-    copies = ShardCopies(shard.id, units.hashes, context.dedup) if context.dedup is not None else None
+    copies = ShardCopies(shard.id, units.hashes, context.dedup, contested if shared is not None else None) \
+        if context.dedup is not None else None
 
     def texts_to_embed() -> Iterator[str]:
         batch: list[tuple[int, str]] = []

@@ -15,12 +15,16 @@ anywhere, ``sink/id_repeats.py``):
 1. *spill*: Ray tasks, each over consecutive shards holding about :data:`SPILL_TASK_DOCS` documents,
    read the documents' ids (``read_ids``: no kept fields; for Parquet the id and text columns only)
    and spill ``(id, shard, position, row, line, integer)`` into hash partitions under
-   ``<output>/_ids/<key>/spill/``;
+   ``<output>/_ids/<key>/spill/``, and ``(text digest, shard, position)`` under ``spill-texts/``;
 2. *group*: one Ray task per partition finds the ids that more than one shard holds and writes the
-   losing documents (shard, position in it, where the id is kept) to ``losers/p<k>.parquet``;
-3. ``index.json`` then lists, per shard that loses some ids, the partitions holding them, and the
-   spill is deleted. A shard task reads its own losers (:meth:`IdIndex.duplicates`) and hands them
-   to ``read_shard``.
+   losing documents (shard, position in it, where the id is kept) to ``losers/p<k>.parquet``; and
+   one per partition of texts writes the documents whose text more than one shard holds (shard,
+   position) to ``shared/p<k>.parquet``;
+3. ``index.json`` then lists, per shard that loses some ids, the partitions holding them, and per
+   shard holding shared texts, theirs; the spill is deleted. A shard task reads its own losers
+   (:meth:`IdIndex.duplicates`) and hands them to ``read_shard``; with dedup (and no chunking: then
+   a document is one text), it claims in the run's registry only its shared texts
+   (:meth:`IdIndex.shared_texts`, ``pipeline/dedup.py``).
 
 Each committed shard records its decision (:meth:`IdIndex.decision`, in the manifest): a shard
 committed under another one — a new file that sorts before it holds one of its ids, or the file that
@@ -37,7 +41,7 @@ and row files, a row whose id equals a text file's path is not compared with it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-from teibatch.corpus import CorpusOptions, Shard
+from teibatch.corpus import CorpusOptions, Shard, content_hasher
 from teibatch.corpus.documents import IdSeen
 from teibatch.corpus.rows import Place
 from teibatch.corpus.sharding import ids_can_repeat, read_ids
@@ -58,12 +62,15 @@ from teibatch.sink.id_repeats import partition_count, read_partition, repeated, 
 
 IDS_DIR = "_ids"
 INDEX_FILE = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 SPILL_TASK_DOCS = 500_000
 """Documents one spill task reads (whole shards, in plan order): its ids are held until it spills them."""
 
 _SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32()),
                            ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
+# A document's text as the id-index partitions take it: its digest in the ``id`` column.
+_TEXT_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32())])
+_SHARED_SCHEMA = pa.schema([("shard", pa.int32()), ("position", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,9 @@ class IdIndex:
     folder: str  # relative to the output
     losers: dict[str, tuple[int, tuple[int, ...], str]]
     output_options: dict[str, Any] = field(default_factory=dict)
+    shared: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    """Per shard holding a text that another indexed shard holds too: its place in the plan, and the
+    partitions listing those documents (``shared/p<k>.parquet``)."""
 
     def decision(self, shard_id: str) -> str:
         """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
@@ -83,17 +93,32 @@ class IdIndex:
         entry = self.losers.get(shard_id)
         return entry[2] if entry is not None else ""
 
+    def shared_texts(self, shard_id: str) -> set[int]:
+        """The positions in the shard of its documents whose text another shard of the index holds too
+        (the only ones worth a claim in the run's dedup registry, ``pipeline/dedup.py``)."""
+        entry = self.shared.get(shard_id)
+        if entry is None:
+            return set()
+        index, partitions = entry
+        found: set[int] = set()
+        for table in self._tables("shared", partitions):
+            found.update(table.filter(pc.equal(table["shard"], index)).column("position").to_pylist())
+        return found
+
+    def _tables(self, kind: str, partitions: Sequence[int]) -> Iterator[pa.Table]:
+        store = OutputStore(self.output, self.output_options)
+        for k in partitions:
+            with store.fs.open(store.path(f"{self.folder}/{kind}/p{k}.parquet"), "rb") as handle:
+                yield pq.read_table(handle)
+
     def duplicates(self, shard_id: str) -> dict[int, IdSeen] | None:
         """The shard's documents that lose their id, by position in the shard, with where it is kept."""
         entry = self.losers.get(shard_id)
         if entry is None:
             return None
         index, partitions, _ = entry
-        store = OutputStore(self.output, self.output_options)
         found: dict[int, IdSeen] = {}
-        for k in partitions:
-            with store.fs.open(store.path(f"{self.folder}/losers/p{k}.parquet"), "rb") as handle:
-                table = pq.read_table(handle)
+        for table in self._tables("losers", partitions):
             for row in table.filter(pc.equal(table["shard"], index)).to_pylist():
                 found[row["position"]] = IdSeen(Place(row["kept_path"], row["kept_row"], row["kept_line"]),
                                                 row["kept_integer"])
@@ -119,7 +144,8 @@ def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: 
         return None
     losers = {shard: (int(index), tuple(parts), str(decision))
               for shard, (index, parts, decision) in saved["losers"].items()}
-    return IdIndex(store.url, folder, losers, output_options)
+    shared = {shard: (int(index), tuple(parts)) for shard, (index, parts) in saved["shared"].items()}
+    return IdIndex(store.url, folder, losers, output_options, shared)
 
 
 def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
@@ -153,8 +179,14 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
     ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
                                [(i, shards[i]) for i in group], count) for number, group in enumerate(groups)])
     group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
+    shared_task = ray.remote(num_cpus=1, max_retries=3)(_find_shared)
     paths = [shard.sources[0] if shard.sources else "" for shard in shards]
+    shared_refs = [shared_task.remote(store.url, output_options, folder, k) for k in range(count)]
     found = ray.get([group_task.remote(store.url, output_options, folder, k, paths) for k in range(count)])
+    shared: dict[int, list[int]] = {}  # shard → partitions listing its shared texts
+    for k, holders in enumerate(ray.get(shared_refs)):
+        for index in holders:
+            shared.setdefault(index, []).append(k)
     losers: dict[int, tuple[list[int], list[int]]] = {}  # shard → partitions, [losers, sum of their hashes]
     for k, hit in enumerate(found):
         for index, (number, hashes) in hit.items():
@@ -164,9 +196,11 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
             tally[1] = (tally[1] + hashes) % 2**64
     saved = {"version": INDEX_VERSION, "partitions": count,
              "losers": {shards[index].id: [index, parts, f"{number}:{hashes:016x}"]
-                        for index, (parts, (number, hashes)) in sorted(losers.items())}}
+                        for index, (parts, (number, hashes)) in sorted(losers.items())},
+             "shared": {shards[index].id: [index, parts] for index, parts in sorted(shared.items())}}
     store.write_json(f"{folder}/{INDEX_FILE}", saved)  # last: the index is whole once this exists
     store.fs.rm(store.path(f"{folder}/spill"), recursive=True)
+    store.fs.rm(store.path(f"{folder}/spill-texts"), recursive=True)
 
 
 def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
@@ -177,18 +211,23 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
     shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
     """
     columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
+    digests: list[str] = []
+    text_digest = content_hasher({})  # every text of a run is hashed under the same options: the text decides
     with no_cycle_collection():
         for index, shard in shards:
             try:
-                rows = [(doc_id, index, position, place.row, place.line, integer)
-                        for position, doc_id, place, integer in read_ids(options, shard)]
+                documents = list(read_ids(options, shard))
             except CorpusError:
                 continue
-            for row in rows:
+            for position, doc_id, text, place, integer in documents:
+                row = (doc_id, index, position, place.row, place.line, integer)
                 for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
                     columns[column].append(value)
+                digests.append(text_digest(text))
     store = OutputStore(output, output_options)
     spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
+    spill(store.fs, store.path(f"{folder}-texts"), name, pa.table(
+        {"id": digests, "shard": columns["shard"], "position": columns["position"]}, schema=_TEXT_SCHEMA), count)
 
 
 def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int,
@@ -224,6 +263,24 @@ def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: in
         number, hashes = tally.get(index, (0, 0))
         tally[index] = (number + 1, (hashes + _position_hash(position)) % 2**64)
     return tally
+
+
+def _find_shared(output: str, output_options: dict[str, Any], folder: str, k: int) -> list[int]:
+    """Ray task: partition ``k``'s texts held by more than one shard. Writes ``shared/p<k>.parquet``
+    (every document holding one: shard, position); returns the shards listed there."""
+    store = OutputStore(output, output_options)
+    table = read_partition(store.fs, store.path(f"{folder}/spill-texts"), k)
+    if table is None:
+        return []
+    table = repeated(table, ["shard", "position"])
+    holders = table.group_by("id").aggregate([("shard", "count_distinct")])
+    across = holders.filter(pc.greater(holders["shard_count_distinct"], 1)).column("id")
+    table = table.filter(pc.is_in(table["id"], value_set=across.combine_chunks())).select(_SHARED_SCHEMA.names)
+    if not table.num_rows:
+        return []
+    table = table.cast(_SHARED_SCHEMA)
+    store.write_atomic(f"{folder}/shared/p{k}.parquet", lambda handle: pq.write_table(table, handle))
+    return sorted(set(table.column("shard").to_pylist()))
 
 
 def _position_hash(position: int) -> int:
