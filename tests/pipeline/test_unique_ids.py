@@ -55,6 +55,7 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
         partition_rows: int | None) -> None:
     if partition_rows is not None:
         monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
+        monkeypatch.setattr("teibatch.pipeline.unique_ids.SPILL_BATCH_DOCS", 60)  # and spilled a few shards at a time
     issue_corpus(tmp_path / "corpus")
     job = load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": 50}, ONE_SERVER))
     out = tmp_path / "out"
@@ -163,12 +164,15 @@ def test_a_run_killed_between_shards_resumes_with_every_id_once(tmp_path: Path,
     assert {doc_id for doc_id, _, _ in found} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
 
 
-@pytest.mark.parametrize("partition_rows", [pytest.param(None, id="one-partition"),
-                                            pytest.param(3, id="many-partitions")])
+@pytest.mark.parametrize(("partition_rows", "batch_docs"), [pytest.param(None, None, id="one-partition"),
+                                                           pytest.param(3, None, id="many-partitions"),
+                                                           pytest.param(3, 5, id="spilled-in-batches")])
 def test_the_index_lists_the_documents_whose_text_another_shard_holds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int | None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int | None, batch_docs: int | None) -> None:
     if partition_rows is not None:
         monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
+    if batch_docs is not None:  # a spill task writes what it holds after each shard that brings it past 5
+        monkeypatch.setattr("teibatch.pipeline.unique_ids.SPILL_BATCH_DOCS", batch_docs)
     # Shards of 4: "shared" is in shards 0 and 2, "twice" twice in shard 1 only; a bad row keeps its place.
     texts = ["a", "shared", "b", "c", "twice", "d", "twice", "e", "f", "g", "shared", "h"]
     rows: list[object] = [{"id": f"i{n}", "text": text} for n, text in enumerate(texts)]

@@ -64,7 +64,10 @@ IDS_DIR = "_ids"
 INDEX_FILE = "index.json"
 INDEX_VERSION = 2
 SPILL_TASK_DOCS = 500_000
-"""Documents one spill task reads (whole shards, in plan order): its ids are held until it spills them."""
+"""Documents one spill task reads (whole shards, in plan order)."""
+SPILL_BATCH_DOCS = 100_000
+"""Documents whose ids a spill task holds before it writes them (after a whole shard): its memory
+stays the same whatever the corpus's size."""
 
 _SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32()),
                            ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
@@ -177,7 +180,8 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
         documents += shards[index].size
     spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
     ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
-                               [(i, shards[i]) for i in group], count) for number, group in enumerate(groups)])
+                               [(i, shards[i]) for i in group], count, SPILL_BATCH_DOCS)
+            for number, group in enumerate(groups)])
     group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
     shared_task = ray.remote(num_cpus=1, max_retries=3)(_find_shared)
     paths = [shard.sources[0] if shard.sources else "" for shard in shards]
@@ -204,15 +208,16 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
 
 
 def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
-               shards: list[tuple[int, Shard]], count: int) -> None:
-    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``.
+               shards: list[tuple[int, Shard]], count: int, batch_docs: int) -> None:
+    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``,
+    and their texts' digests under ``<folder>-texts``, spilled every ``batch_docs`` documents (after a shard).
 
     A shard that cannot be read holds no id: its own task meets the same error and reports it (the
     shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
     """
-    columns: dict[str, list[Any]] = {name: [] for name in _SPILL_SCHEMA.names}
-    digests: list[str] = []
-    text_digest = content_hasher({})  # every text of a run is hashed under the same options: the text decides
+    store = OutputStore(output, output_options)
+    batch = _SpillBatch()
+    written = 0
     with no_cycle_collection():
         for index, shard in shards:
             try:
@@ -220,14 +225,36 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
             except CorpusError:
                 continue
             for position, doc_id, text, place, integer in documents:
-                row = (doc_id, index, position, place.row, place.line, integer)
-                for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
-                    columns[column].append(value)
-                digests.append(text_digest(text))
-    store = OutputStore(output, output_options)
-    spill(store.fs, store.path(folder), name, pa.table(columns, schema=_SPILL_SCHEMA), count)
-    spill(store.fs, store.path(f"{folder}-texts"), name, pa.table(
-        {"id": digests, "shard": columns["shard"], "position": columns["position"]}, schema=_TEXT_SCHEMA), count)
+                batch.add((doc_id, index, position, place.row, place.line, integer), text)
+            if len(batch) >= batch_docs:
+                batch.spill(store, folder, f"{name}-{written:04d}", count)
+                batch, written = _SpillBatch(), written + 1
+    batch.spill(store, folder, f"{name}-{written:04d}", count)
+
+
+class _SpillBatch:
+    """The spill rows of some documents, held until they are written to the partitions."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[Any]] = {column: [] for column in _SPILL_SCHEMA.names}
+        self.digests: list[str] = []
+        self._digest = content_hasher({})  # every text of a run is hashed under the same options: the text decides
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def add(self, row: tuple[Any, ...], text: str) -> None:
+        for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
+            self.columns[column].append(value)
+        self.digests.append(self._digest(text))
+
+    def spill(self, store: OutputStore, folder: str, name: str, count: int) -> None:
+        """The rows (ids under ``folder``, text digests under ``<folder>-texts``) into their partitions."""
+        if not self.digests:
+            return
+        spill(store.fs, store.path(folder), name, pa.table(self.columns, schema=_SPILL_SCHEMA), count)
+        texts = {"id": self.digests, "shard": self.columns["shard"], "position": self.columns["position"]}
+        spill(store.fs, store.path(f"{folder}-texts"), name, pa.table(texts, schema=_TEXT_SCHEMA), count)
 
 
 def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int,
