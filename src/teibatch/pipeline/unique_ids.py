@@ -73,7 +73,6 @@ _SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("positio
                            ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
 # A document's text as the id-index partitions take it: its digest in the ``id`` column.
 _TEXT_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32())])
-_SHARED_SCHEMA = pa.schema([("shard", pa.int32()), ("position", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -299,15 +298,13 @@ def _find_shared(output: str, output_options: dict[str, Any], folder: str, k: in
     table = read_partition(store.fs, store.path(f"{folder}/spill-texts"), k)
     if table is None:
         return []
-    table = repeated(table, ["shard", "position"])
     holders = table.group_by("id").aggregate([("shard", "count_distinct")])
     across = holders.filter(pc.greater(holders["shard_count_distinct"], 1)).column("id")
-    table = table.filter(pc.is_in(table["id"], value_set=across.combine_chunks())).select(_SHARED_SCHEMA.names)
+    table = table.filter(pc.is_in(table["id"], value_set=across.combine_chunks())).select(["shard", "position"])
     if not table.num_rows:
         return []
-    table = table.cast(_SHARED_SCHEMA)
     store.write_atomic(f"{folder}/shared/p{k}.parquet", lambda handle: pq.write_table(table, handle))
-    return sorted(set(table.column("shard").to_pylist()))
+    return sorted(pc.unique(table["shard"]).to_pylist())
 
 
 def _position_hash(position: int) -> int:
