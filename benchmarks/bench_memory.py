@@ -5,6 +5,7 @@ reads the peak resident memory the run report records, and prints both sizes and
 The target: the 10x larger corpus needs less than 20% more memory.
 
     python benchmarks/bench_memory.py --small 100000 --large 1000000
+    python benchmarks/bench_memory.py --no-id-field      # rows whose id is their place
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ FILES = 10
 WORDS = 8
 
 
-def run(documents: int, workdir: Path, servers: int) -> dict[str, float]:
+def run(documents: int, workdir: Path, servers: int, id_field: str | None) -> dict[str, float]:
     corpus = workdir / f"corpus-{documents}"
     write_jsonl_corpus(corpus, documents, WORDS, FILES)
     job = workdir / f"job-{documents}.yaml"
     job.write_text(yaml.safe_dump({
-        "corpus": {"path": str(corpus), "id_field": "id", "shard_docs": 10_000},
+        "corpus": {"path": str(corpus), "id_field": id_field, "shard_docs": 10_000},
         "servers": {"provider": "local", "count": servers, "server_args": ["--max-client-batch-size", "256"]},
         "output": {"path": str(workdir / f"out-{documents}")}}))
     started = time.monotonic()
@@ -50,10 +51,13 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=100_000)
     parser.add_argument("--large", type=int, default=1_000_000)
     parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--no-id-field", action="store_true",
+                        help="rows without id_field (their place is their id): no id to check across shards")
     args = parser.parse_args()
+    id_field = None if args.no_id_field else "id"
     with tempfile.TemporaryDirectory(prefix="teibatch-bench-memory-") as tmp:
-        small = run(args.small, Path(tmp), args.servers)
-        large = run(args.large, Path(tmp), args.servers)
+        small = run(args.small, Path(tmp), args.servers, id_field)
+        large = run(args.large, Path(tmp), args.servers, id_field)
     print(f"{'documents':>10} {'seconds':>8} {'docs/s':>8} {'driver MiB':>11} {'worker MiB':>11}")
     for result in (small, large):
         rate = result["documents"] / result["seconds"]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -84,18 +85,23 @@ def vectors_table(out: Path) -> pa.Table:
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("id_field", [pytest.param("id", id="ids"), pytest.param(None, id="places-as-ids")])
 def test_repeated_texts_are_sent_once_and_written_for_every_id(
-        tmp_path: Path, job_file: Callable[..., Path], recording: tuple[Endpoint, dict[str, object]]) -> None:
+        tmp_path: Path, job_file: Callable[..., Path], recording: tuple[Endpoint, dict[str, object]],
+        id_field: str | None) -> None:
     files = duplicated_corpus(tmp_path / "corpus")
     same_shard, other_shard = repeats(files)
     assert same_shard >= 3 and other_shard >= 10, "repeats within a shard and across shards"
     endpoint, servers = recording
-    corpus = {"path": str(tmp_path / "corpus"), "id_field": "id", "shard_docs": SHARD_DOCS}
+    before = received(endpoint)
+    corpus = {"path": str(tmp_path / "corpus"), "id_field": id_field, "shard_docs": SHARD_DOCS}
     summary = run_job(load_job(job_file(corpus, servers)))
-    sent = sent_since(endpoint, {})
+    sent = sent_since(endpoint, before)
     assert sum(sent.values()) == DISTINCT and set(sent.values()) == {1}  # 70% of the texts, each once
     report = summary.to_json()["documents"]
     assert (report["embedded"], report["deduplicated"]) == (DOCUMENTS, DOCUMENTS - DISTINCT)
+    (index,) = (tmp_path / "out" / "_ids").iterdir()  # the texts other shards hold were listed: only those are claimed
+    assert orjson.loads((index / "index.json").read_bytes())["shared"]
 
     before = received(endpoint)
     plain = run_job(load_job(job_file({**corpus, "deduplicate": False}, servers,

@@ -164,11 +164,13 @@ def test_a_run_killed_between_shards_resumes_with_every_id_once(tmp_path: Path,
     assert {doc_id for doc_id, _, _ in found} == {f"d{i}" for i in range(95, 100)} | {f"c{i}" for i in range(60)}
 
 
+@pytest.mark.parametrize("id_field", [pytest.param("id", id="ids"), pytest.param(None, id="places-as-ids")])
 @pytest.mark.parametrize(("partition_rows", "batch_docs"), [pytest.param(None, None, id="one-partition"),
                                                            pytest.param(3, None, id="many-partitions"),
                                                            pytest.param(3, 5, id="spilled-in-batches")])
 def test_the_index_lists_the_documents_whose_text_another_shard_holds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int | None, batch_docs: int | None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_rows: int | None, batch_docs: int | None,
+        id_field: str | None) -> None:
     if partition_rows is not None:
         monkeypatch.setattr("teibatch.sink.id_repeats.PARTITION_ROWS", partition_rows)
     if batch_docs is not None:  # a spill task writes what it holds after each shard that brings it past 5
@@ -178,10 +180,17 @@ def test_the_index_lists_the_documents_whose_text_another_shard_holds(
     rows: list[object] = [{"id": f"i{n}", "text": text} for n, text in enumerate(texts)]
     rows.insert(9, {"id": "no-text"})
     write_jsonl(tmp_path / "corpus" / "a.jsonl", rows)
-    options = CorpusOptions(path=str(tmp_path / "corpus"), id_field="id", shard_docs=4)
+    options = CorpusOptions(path=str(tmp_path / "corpus"), id_field=id_field, shard_docs=4)
     shards = plan_shards(options)
     store = OutputStore(str(tmp_path / "out"))
-    index = build_id_index(store, {}, options, shards)
-    assert index is not None
+    index = build_id_index(store, {}, options, shards, texts=True)
+    assert index is not None and index.texts
     assert [sorted(index.shared_texts(shard.id)) for shard in shards] == [[1], [], [3], []]
-    assert index == stored_id_index(store, {}, shards)  # as a resumed run reads it
+    assert index == stored_id_index(store, {}, shards, texts=True)  # as a resumed run reads it
+    # Without dedup the texts are not read: rows without ids need no index at all.
+    ids_only = build_id_index(store, {}, options, shards, texts=False)
+    if id_field is None:
+        assert ids_only is None
+    else:
+        assert ids_only is not None and not ids_only.texts and ids_only.shared == {}
+        assert stored_id_index(store, {}, shards, texts=True) is None  # one index per output: the last built

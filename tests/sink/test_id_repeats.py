@@ -11,7 +11,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from teibatch.errors import RepeatedIds
 from teibatch.sink import Manifest, OutputStore, check_output_ids, id_repeats
-from teibatch.sink.id_repeats import partition_of, read_partition, repeated, spill
+from teibatch.sink.id_repeats import partition_of, repeated_in_partition, spill
 
 
 def test_an_id_has_the_same_partition_in_every_process() -> None:
@@ -20,17 +20,33 @@ def test_an_id_has_the_same_partition_in_every_process() -> None:
     assert partition_of(["d95"], 1).tolist() == [0]
 
 
-def test_spilled_partitions_hold_every_occurrence_of_an_id_together(tmp_path: Path) -> None:
-    fs = LocalFileSystem()
-    for writer, ids in enumerate([["a", "b", "c", "d"], ["c", "e", "a", "a"]]):
-        spill(fs, str(tmp_path), f"w{writer}", pa.table({"id": ids, "writer": [writer] * 4, "row": range(4)}), 3)
+def repeats_in(fs: LocalFileSystem, folder: Path, count: int) -> list[tuple[object, ...]]:
     found = []
-    for k in range(3):
-        table = read_partition(fs, str(tmp_path), k)
+    for k in range(count):
+        table = repeated_in_partition(fs, str(folder), k, ["writer", "row"])
         if table is not None:
-            found += [(r["id"], r["writer"], r["row"]) for r in repeated(table, ["writer", "row"]).to_pylist()]
-    assert sorted(found) == [("a", 0, 0), ("a", 1, 2), ("a", 1, 3), ("c", 0, 2), ("c", 1, 0)]
-    assert read_partition(fs, str(tmp_path / "none"), 0) is None
+            found += [(r["id"], r["writer"], r["row"]) for r in table.to_pylist()]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_spilled_partitions_hold_every_occurrence_of_an_id_together(tmp_path: Path, count: int) -> None:
+    fs = LocalFileSystem()
+    # "plumless" and "buckeroo" share a CRC-32, the key that picks which rows are grouped by id: same
+    # key, different ids, so neither is a repeat.
+    for writer, ids in enumerate([["a", "b", "c", "d", "plumless"], ["c", "e", "a", "a", "buckeroo"]]):
+        spill(fs, str(tmp_path), f"w{writer}", pa.table({"id": ids, "writer": [writer] * 5, "row": range(5)}),
+              count)
+    assert repeats_in(fs, tmp_path, count) == [("a", 0, 0), ("a", 1, 2), ("a", 1, 3), ("c", 0, 2), ("c", 1, 0)]
+    assert repeated_in_partition(fs, str(tmp_path / "none"), 0, []) is None
+
+
+def test_ids_that_are_64_bit_digests_are_their_own_keys(tmp_path: Path) -> None:
+    fs = LocalFileSystem()
+    for writer, ids in enumerate([[-1, 2**62, 5], [5, 7, -1]]):
+        spill(fs, str(tmp_path), f"w{writer}", pa.table({"id": pa.array(ids, pa.int64()), "writer": [writer] * 3,
+                                                          "row": range(3)}), 2)
+    assert repeats_in(fs, tmp_path, 2) == [(-1, 0, 0), (-1, 1, 2), (5, 0, 2), (5, 1, 0)]
 
 
 def output_with_parts(root: Path, parts: dict[str, list[str]]) -> OutputStore:

@@ -245,13 +245,14 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_address
     the index an earlier run built for this plan, else one built now, before any server starts
     (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``."""
     output_options = dict(job.output.storage_options)
-    if (ids := stored_id_index(store, output_options, shards)) is not None \
-            or not needs_id_index(job.corpus_options(), shards):
+    texts = job.corpus.deduplicate and not job.chunking.enabled  # then a document is one text: index them too
+    if (ids := stored_id_index(store, output_options, shards, texts)) is not None \
+            or not needs_id_index(job.corpus_options(), shards, texts):
         return ids, None
     clock = time.monotonic()
     ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
     ray_start.wait()
-    ids = build_id_index(store, output_options, job.corpus_options(), shards)
+    ids = build_id_index(store, output_options, job.corpus_options(), shards, texts)
     summary.timings["id_index_s"] = time.monotonic() - clock
     return ids, ray_start
 

@@ -27,7 +27,6 @@ import pyarrow as pa
 import ray
 
 from teibatch.corpus import Document, Reject, Shard, read_shard
-from teibatch.corpus.sharding import ids_can_repeat
 from teibatch.crashpoints import crashpoint, task_environment
 from teibatch.errors import TeibatchError
 from teibatch.pipeline.chunks import ChunkTally, Reused, RowsInOrder, Units, Vector, limit_tokenizer_threads
@@ -208,8 +207,8 @@ def process_shard(shard: Shard, context: ShardContext, senders: tuple[SenderRef,
 
     # Without chunking a document is one unit: those whose text another shard holds too (the id index
     # knows them) are the only ones the dedup registry is asked about.
-    shared = context.ids.shared_texts(shard.id) if context.ids is not None and context.dedup is not None \
-        and context.chunking is None and ids_can_repeat(context.corpus, shard) else None
+    shared = context.ids.shared_texts(shard.id) if context.ids is not None and context.ids.texts \
+        and context.dedup is not None and context.chunking is None else None
     contested: set[int] = set()  # of those, the units read so far
 
     def read_documents() -> Iterator[Document]:

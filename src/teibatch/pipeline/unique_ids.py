@@ -15,7 +15,8 @@ anywhere, ``sink/id_repeats.py``):
 1. *spill*: Ray tasks, each over consecutive shards holding about :data:`SPILL_TASK_DOCS` documents,
    read the documents' ids (``read_ids``: no kept fields; for Parquet the id and text columns only)
    and spill ``(id, shard, position, row, line, integer)`` into hash partitions under
-   ``<output>/_ids/<key>/spill/``, and ``(text digest, shard, position)`` under ``spill-texts/``;
+   ``<output>/_ids/<key>/spill/``, and, for a run with dedup and no chunking, ``(text digest, shard,
+   position)`` under ``spill-texts/`` (every readable shard's: a corpus without ``id_field`` too);
 2. *group*: one Ray task per partition finds the ids that more than one shard holds and writes the
    losing documents (shard, position in it, where the id is kept) to ``losers/p<k>.parquet``; and
    one per partition of texts writes the documents whose text more than one shard holds (shard,
@@ -32,8 +33,9 @@ held an id first is gone — runs again, so the output stays what a fresh run ov
 
 Reading the ids is a second read of the corpus, so it is skipped when no two shards can share an id
 (a single shard; text files, whose id is their path; rows without ``id_field``, whose id is their
-place), and kept: ``<key>`` digests the plan (every shard id in order), so a resumed run over the
-same corpus finds ``index.json`` and reads nothing; a changed corpus builds a new index and the old
+place) unless the texts are indexed, and kept: ``<key>`` digests the plan (every shard id in order)
+and whether texts are indexed, so a resumed run over the same corpus finds ``index.json`` and reads
+nothing; a changed corpus builds a new index and the old
 one is removed. Only the run holding the output's lock writes here. (In a corpus mixing text files
 and row files, a row whose id equals a text file's path is not compared with it.)
 """
@@ -51,14 +53,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-from teibatch.corpus import CorpusOptions, Shard, content_hasher
+from teibatch.corpus import CorpusOptions, Shard
 from teibatch.corpus.documents import IdSeen
 from teibatch.corpus.rows import Place
 from teibatch.corpus.sharding import ids_can_repeat, read_ids
 from teibatch.errors import CorpusError
 from teibatch.pipeline.cycles import no_cycle_collection
 from teibatch.sink import OutputStore
-from teibatch.sink.id_repeats import partition_count, read_partition, repeated, spill
+from teibatch.sink.id_repeats import partition_count, repeated_in_partition, spill
 
 IDS_DIR = "_ids"
 INDEX_FILE = "index.json"
@@ -71,8 +73,10 @@ stays the same whatever the corpus's size."""
 
 _SPILL_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32()),
                            ("row", pa.int64()), ("line", pa.int64()), ("integer", pa.bool_())])
-# A document's text as the id-index partitions take it: its digest in the ``id`` column.
-_TEXT_SCHEMA = pa.schema([("id", pa.string()), ("shard", pa.int32()), ("position", pa.int32())])
+# A document's text as the id-index partitions take it: a 64-bit digest in the ``id`` column. Two
+# texts sharing one only make both claim in the registry, which compares whole content hashes; a
+# string digest would take four times the memory where a partition's texts are grouped.
+_TEXT_SCHEMA = pa.schema([("id", pa.int64()), ("shard", pa.int32()), ("position", pa.int32())])
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,11 @@ class IdIndex:
     losers: dict[str, tuple[int, tuple[int, ...], str]]
     output_options: dict[str, Any] = field(default_factory=dict)
     shared: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    """Per shard holding a text that another indexed shard holds too: its place in the plan, and the
+    """Per shard holding a text that another shard holds too: its place in the plan, and the
     partitions listing those documents (``shared/p<k>.parquet``)."""
+    texts: bool = False
+    """Whether the texts of every readable shard were indexed (``shared``): a run with dedup and
+    no chunking asks for them."""
 
     def decision(self, shard_id: str) -> str:
         """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
@@ -127,59 +134,68 @@ class IdIndex:
         return found
 
 
-def index_key(shards: Sequence[Shard]) -> str:
-    """The digest of a plan: its shard ids in order (each digests its files and the reading options)."""
-    blob = orjson.dumps([INDEX_VERSION, [shard.id for shard in shards]])
+def index_key(shards: Sequence[Shard], texts: bool) -> str:
+    """The digest of a plan (its shard ids in order: each digests its files and the reading options)
+    and of what is indexed (the texts too, or ids only)."""
+    blob = orjson.dumps([INDEX_VERSION, [shard.id for shard in shards], texts])
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 
-def needs_id_index(options: CorpusOptions, shards: Sequence[Shard]) -> bool:
-    """Whether two shards of the plan can hold one id (else there is no index to build)."""
+def needs_id_index(options: CorpusOptions, shards: Sequence[Shard], texts: bool) -> bool:
+    """Whether two shards of the plan can hold one id, or (``texts``) one text: else there is no index to build."""
+    if texts and sum(1 for shard in shards if shard.bad_file is None) > 1:
+        return True
     return sum(1 for shard in shards if ids_can_repeat(options, shard)) > 1
 
 
-def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: Sequence[Shard]) -> IdIndex | None:
-    """The index of the plan ``shards`` when the output holds it whole (an earlier run built it), else ``None``."""
-    folder = f"{IDS_DIR}/{index_key(shards)}"
+def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: Sequence[Shard],
+                    texts: bool) -> IdIndex | None:
+    """The index of the plan ``shards`` (with ``texts`` or without) when the output holds it whole
+    (an earlier run built it), else ``None``."""
+    folder = f"{IDS_DIR}/{index_key(shards, texts)}"
     saved = store.read_json(f"{folder}/{INDEX_FILE}")
     if saved is None or saved.get("version") != INDEX_VERSION:
         return None
     losers = {shard: (int(index), tuple(parts), str(decision))
               for shard, (index, parts, decision) in saved["losers"].items()}
     shared = {shard: (int(index), tuple(parts)) for shard, (index, parts) in saved["shared"].items()}
-    return IdIndex(store.url, folder, losers, output_options, shared)
+    return IdIndex(store.url, folder, losers, output_options, shared, texts)
 
 
 def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
-                   shards: Sequence[Shard]) -> IdIndex | None:
+                   shards: Sequence[Shard], texts: bool) -> IdIndex | None:
     """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
-    ``None`` when no two shards can share an id. ``output_options``: the output's storage options
-    (the tasks open it too). Ray must be up."""
-    if not needs_id_index(options, shards):
+    ``None`` when no two shards can share an id (nor, with ``texts``, a text). ``output_options``:
+    the output's storage options (the tasks open it too). Ray must be up."""
+    if not needs_id_index(options, shards, texts):
         return None
-    if (stored := stored_id_index(store, output_options, shards)) is not None:
+    if (stored := stored_id_index(store, output_options, shards, texts)) is not None:
         return stored
     for name in store.list(IDS_DIR):  # indexes of earlier plans, and a half-built one
         store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
-    indexed = [i for i, shard in enumerate(shards) if ids_can_repeat(options, shard)]
-    _build(store, output_options, options, shards, indexed, f"{IDS_DIR}/{index_key(shards)}")
-    return stored_id_index(store, output_options, shards)
+    read = [(i, ids_can_repeat(options, shard)) for i, shard in enumerate(shards)
+            if shard.bad_file is None and (texts or ids_can_repeat(options, shard))]
+    _build(store, output_options, options, shards, read, texts, f"{IDS_DIR}/{index_key(shards, texts)}")
+    return stored_id_index(store, output_options, shards, texts)
 
 
 def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions, shards: Sequence[Shard],
-           indexed: list[int], folder: str) -> None:
-    count = partition_count(sum(shards[i].size for i in indexed))
-    groups: list[list[int]] = [[]]
+           read: list[tuple[int, bool]], texts: bool, folder: str) -> None:
+    """Index ``read``: the shards to read, each as (its place in the plan, whether its ids are
+    indexed), and (``texts``) their texts."""
+    count = partition_count(sum(shards[i].size for i, _ in read))
+    groups: list[list[tuple[int, bool]]] = [[]]
     documents = 0
-    for index in indexed:
-        if groups[-1] and documents + shards[index].size > SPILL_TASK_DOCS:
+    for entry in read:
+        size = shards[entry[0]].size
+        if groups[-1] and documents + size > SPILL_TASK_DOCS:
             groups.append([])
             documents = 0
-        groups[-1].append(index)
-        documents += shards[index].size
+        groups[-1].append(entry)
+        documents += size
     spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
     ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
-                               [(i, shards[i]) for i in group], count, SPILL_BATCH_DOCS)
+                               [(i, shards[i], ids) for i, ids in group], texts, count, SPILL_BATCH_DOCS)
             for number, group in enumerate(groups)])
     group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
     shared_task = ray.remote(num_cpus=1, max_retries=3)(_find_shared)
@@ -202,14 +218,16 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
                         for index, (parts, (number, hashes)) in sorted(losers.items())},
              "shared": {shards[index].id: [index, parts] for index, parts in sorted(shared.items())}}
     store.write_json(f"{folder}/{INDEX_FILE}", saved)  # last: the index is whole once this exists
-    store.fs.rm(store.path(f"{folder}/spill"), recursive=True)
-    store.fs.rm(store.path(f"{folder}/spill-texts"), recursive=True)
+    for spilled in ("spill", "spill-texts"):
+        if store.fs.exists(store.path(f"{folder}/{spilled}")):
+            store.fs.rm(store.path(f"{folder}/{spilled}"), recursive=True)
 
 
 def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptions, folder: str, name: str,
-               shards: list[tuple[int, Shard]], count: int, batch_docs: int) -> None:
-    """Ray task: the ids of ``shards`` (with their places in the plan) into the partitions under ``folder``,
-    and their texts' digests under ``<folder>-texts``, spilled every ``batch_docs`` documents (after a shard).
+               shards: list[tuple[int, Shard, bool]], texts: bool, count: int, batch_docs: int) -> None:
+    """Ray task: the ids of ``shards`` (each with its place in the plan, and whether its ids are
+    indexed) into the partitions under ``folder``, and (``texts``) their texts' digests under
+    ``<folder>-texts``, spilled every ``batch_docs`` documents (after a shard).
 
     A shard that cannot be read holds no id: its own task meets the same error and reports it (the
     shard is not committed), and the run after the file is fixed plans, and indexes, it anew.
@@ -218,13 +236,14 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
     batch = _SpillBatch()
     written = 0
     with no_cycle_collection():
-        for index, shard in shards:
+        for index, shard, ids in shards:
             try:
                 documents = list(read_ids(options, shard))
             except CorpusError:
                 continue
             for position, doc_id, text, place, integer in documents:
-                batch.add((doc_id, index, position, place.row, place.line, integer), text)
+                batch.add(index, position, (doc_id, place.row, place.line, integer) if ids else None,
+                          text if texts else None)
             if len(batch) >= batch_docs:
                 batch.spill(store, folder, f"{name}-{written:04d}", count)
                 batch, written = _SpillBatch(), written + 1
@@ -235,25 +254,30 @@ class _SpillBatch:
     """The spill rows of some documents, held until they are written to the partitions."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {column: [] for column in _SPILL_SCHEMA.names}
-        self.digests: list[str] = []
-        self._digest = content_hasher({})  # every text of a run is hashed under the same options: the text decides
+        self.ids: dict[str, list[Any]] = {column: [] for column in _SPILL_SCHEMA.names}
+        self.texts: dict[str, list[Any]] = {column: [] for column in _TEXT_SCHEMA.names}
+        self.documents = 0
 
     def __len__(self) -> int:
-        return len(self.digests)
+        return self.documents
 
-    def add(self, row: tuple[Any, ...], text: str) -> None:
-        for column, value in zip(_SPILL_SCHEMA.names, row, strict=True):
-            self.columns[column].append(value)
-        self.digests.append(self._digest(text))
+    def add(self, shard: int, position: int, place: tuple[str, int | None, int | None, bool] | None,
+            text: str | None) -> None:
+        """Document ``position`` of shard ``shard``: its id and place (``None``: its ids are not
+        indexed), and its text (``None``: not indexed)."""
+        self.documents += 1
+        if place is not None:
+            for column, value in zip(_SPILL_SCHEMA.names, (place[0], shard, position, *place[1:]), strict=True):
+                self.ids[column].append(value)
+        if text is not None:
+            for column, value in zip(_TEXT_SCHEMA.names, (_text_digest(text), shard, position), strict=True):
+                self.texts[column].append(value)
 
     def spill(self, store: OutputStore, folder: str, name: str, count: int) -> None:
         """The rows (ids under ``folder``, text digests under ``<folder>-texts``) into their partitions."""
-        if not self.digests:
-            return
-        spill(store.fs, store.path(folder), name, pa.table(self.columns, schema=_SPILL_SCHEMA), count)
-        texts = {"id": self.digests, "shard": self.columns["shard"], "position": self.columns["position"]}
-        spill(store.fs, store.path(f"{folder}-texts"), name, pa.table(texts, schema=_TEXT_SCHEMA), count)
+        for rows, schema, under in ((self.ids, _SPILL_SCHEMA, folder), (self.texts, _TEXT_SCHEMA, f"{folder}-texts")):
+            if rows["shard"]:
+                spill(store.fs, store.path(under), name, pa.table(rows, schema=schema), count)
 
 
 def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: int,
@@ -263,13 +287,13 @@ def _find_losers(output: str, output_options: dict[str, Any], folder: str, k: in
     how many of its documents lose and the sum of their positions' hashes (a digest that does not
     depend on how the ids were partitioned)."""
     store = OutputStore(output, output_options)
-    table = read_partition(store.fs, store.path(f"{folder}/spill"), k)
+    table = repeated_in_partition(store.fs, store.path(f"{folder}/spill"), k, ["shard", "position"])
     if table is None:
         return {}
     losers: dict[str, list[Any]] = {name: [] for name in ("shard", "position", "kept_path", "kept_row",
                                                           "kept_line", "kept_integer")}
     first: dict[str, Any] | None = None
-    for row in repeated(table, ["shard", "position"]).to_pylist():
+    for row in table.to_pylist():
         if first is None or row["id"] != first["id"]:
             first = row  # the id's first occurrence in plan order: it keeps the id
             continue
@@ -295,7 +319,7 @@ def _find_shared(output: str, output_options: dict[str, Any], folder: str, k: in
     """Ray task: partition ``k``'s texts held by more than one shard. Writes ``shared/p<k>.parquet``
     (every document holding one: shard, position); returns the shards listed there."""
     store = OutputStore(output, output_options)
-    table = read_partition(store.fs, store.path(f"{folder}/spill-texts"), k)
+    table = repeated_in_partition(store.fs, store.path(f"{folder}/spill-texts"), k, [])
     if table is None:
         return []
     holders = table.group_by("id").aggregate([("shard", "count_distinct")])
@@ -305,6 +329,11 @@ def _find_shared(output: str, output_options: dict[str, Any], folder: str, k: in
         return []
     store.write_atomic(f"{folder}/shared/p{k}.parquet", lambda handle: pq.write_table(table, handle))
     return sorted(pc.unique(table["shard"]).to_pylist())
+
+
+def _text_digest(text: str) -> int:
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def _position_hash(position: int) -> int:

@@ -3,7 +3,7 @@
 Every id goes to one of ``count`` partitions by a stable hash of its bytes (CRC-32: the same in every
 process and every run, unlike Python's ``hash``), so all occurrences of an id land in one partition.
 Writers :func:`spill` their rows into the partitions' folders as Parquet files; then each partition
-is read back on its own (:func:`read_partition`) and grouped with Arrow (:func:`repeated`). A
+is read back on its own and grouped (:func:`repeated_in_partition`). A
 partition holds about :data:`PARTITION_ROWS` ids whatever the total, so memory stays bounded: 10⁸
 ids are 25 partitions, each read and grouped alone, in parallel or one after another.
 
@@ -35,6 +35,7 @@ from teibatch.sink.store import OutputStore
 PARTITION_ROWS = 4_000_000
 """Ids one partition holds at most (on average): a few hundred MB of Arrow memory when grouped."""
 ID_COLUMN = "id"
+KEY_COLUMN = "key"
 
 
 def partition_count(total: int) -> int:
@@ -44,17 +45,26 @@ def partition_count(total: int) -> int:
 
 def partition_of(ids: Sequence[str], count: int) -> np.ndarray:
     """Each id's partition: CRC-32 of its UTF-8 bytes, modulo ``count``."""
-    if count == 1:
-        return np.zeros(len(ids), dtype=np.int32)
-    return np.fromiter((zlib.crc32(i.encode("utf-8", "surrogatepass")) % count for i in ids),
-                       dtype=np.int32, count=len(ids))
+    return (id_keys(ids) % count).astype(np.int32)
+
+
+def id_keys(ids: Sequence[str]) -> np.ndarray:
+    """Each id's key (CRC-32 of its UTF-8 bytes, as int64): equal ids have equal keys; a few unequal ones do too."""
+    return np.fromiter((zlib.crc32(i.encode("utf-8", "surrogatepass")) for i in ids), dtype=np.int64, count=len(ids))
 
 
 def spill(fs: Any, folder: str, name: str, table: pa.Table, count: int) -> list[int]:
-    """Write the rows of ``table`` (an ``id`` column and where each id was) to their partitions, as
-    ``<folder>/p<k>/<name>.parquet``; return the partitions written. ``name`` is the writer's own:
-    two writers never write one file."""
-    parts = partition_of(table.column(ID_COLUMN).to_pylist(), count)
+    """Write the rows of ``table`` (an ``id`` column, strings or 64-bit digests, and where each id was)
+    to their partitions, as ``<folder>/p<k>/<name>.parquet``, with each id's key (a string id's
+    CRC-32; a digest is its own) in a ``key`` column; return the partitions written. ``name`` is the
+    writer's own: two writers never write one file."""
+    column = table.column(ID_COLUMN)
+    if pa.types.is_integer(column.type):
+        keys = column.to_numpy()
+    else:
+        keys = id_keys(column.to_pylist())
+        table = table.append_column(KEY_COLUMN, pa.array(keys))
+    parts = (keys.view(np.uint64) % count).astype(np.int32)
     written = []
     for k in np.unique(parts).tolist():
         rows = table.filter(pa.array(parts == k)) if count > 1 else table
@@ -65,25 +75,38 @@ def spill(fs: Any, folder: str, name: str, table: pa.Table, count: int) -> list[
     return written
 
 
-def read_partition(fs: Any, folder: str, k: int) -> pa.Table | None:
-    """Every row spilled to partition ``k`` (``None`` when none was)."""
+def repeated_in_partition(fs: Any, folder: str, k: int, order: Sequence[str]) -> pa.Table | None:
+    """The rows spilled to partition ``k`` whose id occurs more than once there, sorted by id, then by
+    ``order``'s columns (``None`` when nothing was spilled there).
+
+    Two passes over the partition's files keep its memory small: the keys alone (8 bytes a row) find
+    the keys seen twice, then only rows holding one of them are read whole and grouped by id.
+    """
     try:
         files = sorted(str(f) for f in fs.ls(f"{folder}/p{k}", detail=False))
     except FileNotFoundError:
         return None
-    tables = []
-    for path in files:
-        with fs.open(path, "rb") as handle:
-            tables.append(pq.read_table(handle))
-    return pa.concat_tables(tables) if tables else None
-
-
-def repeated(table: pa.Table, order: Sequence[str]) -> pa.Table:
-    """The rows of ``table`` whose id occurs more than once, sorted by id, then by ``order``'s columns."""
-    counts = table.group_by(ID_COLUMN).aggregate([(ID_COLUMN, "count")])
+    if not files:
+        return None
+    key = ID_COLUMN if pa.types.is_integer(_schema(fs, files[0]).field(ID_COLUMN).type) else KEY_COLUMN
+    keys = np.sort(np.concatenate([_read(fs, path, [key]).column(key).to_numpy() for path in files]))
+    twice = pa.array(np.unique(keys[1:][keys[1:] == keys[:-1]]))
+    tables = [table.filter(pc.is_in(table[key], value_set=twice)) for table in (_read(fs, path) for path in files)]
+    rows = pa.concat_tables(tables)
+    counts = rows.group_by(ID_COLUMN).aggregate([(ID_COLUMN, "count")])
     many = counts.filter(pc.greater(counts[f"{ID_COLUMN}_count"], 1)).column(ID_COLUMN)
-    rows = table.filter(pc.is_in(table[ID_COLUMN], value_set=many.combine_chunks()))
+    rows = rows.filter(pc.is_in(rows[ID_COLUMN], value_set=many.combine_chunks()))
     return rows.sort_by([(ID_COLUMN, "ascending"), *((column, "ascending") for column in order)])
+
+
+def _schema(fs: Any, path: str) -> pa.Schema:
+    with fs.open(path, "rb") as handle:
+        return pq.read_schema(handle)
+
+
+def _read(fs: Any, path: str, columns: list[str] | None = None) -> pa.Table:
+    with fs.open(path, "rb") as handle:
+        return pq.read_table(handle, columns=columns)
 
 
 @dataclass(frozen=True)
@@ -115,10 +138,10 @@ def repeated_output_ids(store: OutputStore, parts: Sequence[str], *, limit: int 
                 ID_COLUMN: ids, "part": pa.array(np.full(len(ids), index, dtype=np.int32)),
                 "row": pa.array(np.arange(len(ids), dtype=np.int64))}), count)
         for k in range(count):
-            table = read_partition(local, folder, k)
+            table = repeated_in_partition(local, folder, k, ["part", "row"])
             if table is None:
                 continue
-            rows = repeated(table, ["part", "row"]).to_pylist()
+            rows = table.to_pylist()
             for at, row in enumerate(rows):
                 if at > 0 and rows[at - 1][ID_COLUMN] == row[ID_COLUMN]:
                     continue  # not the id's first place
