@@ -238,9 +238,13 @@ def write_part(store: OutputStore, directory: str, shard_id: str, table: pa.Tabl
     """Write ``table`` as ``<directory>/part-<shard>.parquet`` (``staged``: under its hidden staged name),
     all or nothing; return its relative path."""
     relative = part_path(directory, shard_id, staged=staged)
-    store.write_atomic(relative, lambda handle: pq.write_table(
-        table, handle, row_group_size=options.row_group_size, **_parquet_options(table.schema, options)))
+    store.write_atomic(relative, lambda handle: write_part_to(handle, table, options))
     return relative
+
+
+def write_part_to(handle: Any, table: pa.Table, options: WriteOptions) -> None:
+    """``table`` as one Parquet file into the open binary ``handle``, encoded as every part is."""
+    pq.write_table(table, handle, row_group_size=options.row_group_size, **_parquet_options(table.schema, options))
 
 
 def _parquet_options(schema: pa.Schema, options: WriteOptions) -> dict[str, Any]:
