@@ -241,9 +241,7 @@ def _spill_ids(output: str, output_options: dict[str, Any], options: CorpusOptio
                 documents = list(read_ids(options, shard))
             except CorpusError:
                 continue
-            for position, doc_id, text, place, integer in documents:
-                batch.add(index, position, (doc_id, place.row, place.line, integer) if ids else None,
-                          text if texts else None)
+            batch.add(index, documents, ids=ids, texts=texts)
             if len(batch) >= batch_docs:
                 batch.spill(store, folder, f"{name}-{written:04d}", count)
                 batch, written = _SpillBatch(), written + 1
@@ -261,17 +259,22 @@ class _SpillBatch:
     def __len__(self) -> int:
         return self.documents
 
-    def add(self, shard: int, position: int, place: tuple[str, int | None, int | None, bool] | None,
-            text: str | None) -> None:
-        """Document ``position`` of shard ``shard``: its id and place (``None``: its ids are not
-        indexed), and its text (``None``: not indexed)."""
-        self.documents += 1
-        if place is not None:
-            for column, value in zip(_SPILL_SCHEMA.names, (place[0], shard, position, *place[1:]), strict=True):
-                self.ids[column].append(value)
-        if text is not None:
-            for column, value in zip(_TEXT_SCHEMA.names, (_text_digest(text), shard, position), strict=True):
-                self.texts[column].append(value)
+    def add(self, shard: int, documents: list[tuple[int, str, str, Place, bool]], *, ids: bool, texts: bool) -> None:
+        """The documents of shard ``shard`` (as ``read_ids`` yields them): their ids and places
+        (``ids``), and their texts' digests (``texts``)."""
+        self.documents += len(documents)
+        if not documents:
+            return
+        positions, doc_ids, bodies, places, integers = zip(*documents, strict=True)
+        shards = [shard] * len(documents)
+        if ids:
+            for column, values in zip(_SPILL_SCHEMA.names, (doc_ids, shards, positions, [p.row for p in places],
+                                                            [p.line for p in places], integers), strict=True):
+                self.ids[column].extend(values)
+        if texts:
+            for column, values in zip(_TEXT_SCHEMA.names, ([_text_digest(t) for t in bodies], shards, positions),
+                                      strict=True):
+                self.texts[column].extend(values)
 
     def spill(self, store: OutputStore, folder: str, name: str, count: int) -> None:
         """The rows (ids under ``folder``, text digests under ``<folder>-texts``) into their partitions."""
