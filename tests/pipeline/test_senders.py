@@ -22,6 +22,8 @@ import yaml
 
 from teibatch.crashpoints import CRASH_AT, CRASH_ONCE
 from teibatch.endpoint import Endpoint
+from teibatch.job import load_job
+from teibatch.pipeline.opening import EarlyActors, Opening, prelaunch_senders
 from teibatch.pipeline.senders.actor import SenderActor, start_senders, stop_senders
 from teibatch.pipeline.senders.core import SenderCore, Streams
 from teibatch.pipeline.senders.plans import (
@@ -325,3 +327,44 @@ def test_a_warmed_sender_keeps_its_start_up_objects_out_of_the_collectors_scans(
         assert gc.get_freeze_count() > 1000  # the process's modules and everything they hold
     finally:
         gc.unfreeze()
+
+
+def test_senders_started_before_the_fleet_are_its_senders_when_it_has_the_servers_asked_for(
+        tmp_path: Path, ray_session: None) -> None:
+    # Nothing listens on these ports: an opening contacts no server until it meets them.
+    urls = [f"http://127.0.0.1:{port}" for port in (9, 10, 11, 12, 13)]
+    job = load_job(static_job(tmp_path, urls))
+    early = prelaunch_senders(job)
+    assert len(early) == 2  # five servers, at most four a sender
+    opening = Opening(job, EmbedOptions(), [Endpoint(url) for url in urls], shards=4, prelaunched=early)
+    try:
+        assert [a._actor_id for a in opening.actors] == [a._actor_id for a in early]
+    finally:
+        opening.close()
+    # Four servers came up of the five asked for: one sender serves them, the two started early are stopped.
+    early = prelaunch_senders(job)
+    opening = Opening(job, EmbedOptions(), [Endpoint(url) for url in urls[:4]], shards=4, prelaunched=early)
+    try:
+        assert len(opening.actors) == 1 and opening.actors[0]._actor_id not in {a._actor_id for a in early}
+        for actor in early:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(actor.stats.remote(), timeout=30)
+    finally:
+        opening.close()
+
+
+def test_the_run_s_early_actors_all_stop(tmp_path: Path, ray_session: None) -> None:
+    job = load_job(static_job(tmp_path, ["http://127.0.0.1:9"]))
+    early = EarlyActors.start(job)
+    assert len(early.senders) == 1 and early.dedup is not None and early.landed is not None
+    assert ray.get(early.landed.take.remote(), timeout=60) == {}  # up and answering
+    early.stop()
+    calls = {"sender": lambda: early.senders[0].stats.remote(), "landed": lambda: early.landed.take.remote(),
+             "dedup": lambda: early.dedup.registry.release.remote([])}  # type: ignore[union-attr]
+    stopped = set()
+    for name, call in calls.items():
+        try:
+            ray.get(call(), timeout=30)
+        except ray.exceptions.RayActorError:
+            stopped.add(name)
+    assert stopped == set(calls)

@@ -5,7 +5,9 @@ first shard workers' (Ray starts each one, which then imports its modules; docs/
 times). :class:`Opening` starts them first and meets the servers meanwhile. Its steps, which
 ``pipeline/run.py`` takes in this order:
 
-1. :class:`Opening` (built): the senders' and the first workers' processes start;
+0. :class:`EarlyActors`, where Ray is up before the servers are: the senders' and the registries'
+   processes start while the id index is read or the fleet comes up;
+1. :class:`Opening` (built): the senders' (unless prelaunched) and the first workers' processes start;
 2. :meth:`Opening.meet`: the servers' ``/info``; the senders' plans are built (once) and given to
    the senders, which connect to their servers; then the probe, which shows the vector size;
 3. :meth:`Opening.send`: the senders are told the vector size: the first shard task's chunks,
@@ -23,12 +25,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
 from teibatch.endpoint import Endpoint
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
+from teibatch.pipeline.dedup import Dedup
+from teibatch.pipeline.landed import start_landed
 from teibatch.pipeline.senders.actor import launch_senders, probed_senders, start_senders, stop_senders
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
 from teibatch.pipeline.shard import as_shard_work, warm_worker
@@ -38,16 +44,81 @@ from teibatch.tei import ClientLimits, EmbedOptions
 WARM_UP_TIMEOUT_S = 60.0
 
 
-class Opening:
-    """The opening of one run over ``endpoints`` (see the module's docstring for its steps)."""
+@dataclass
+class EarlyActors:
+    """The run's actors that need no server to start, started as soon as Ray is up where that is
+    before the servers are (while the id index is read, or the fleet comes up): the senders
+    (:func:`prelaunch_senders`), the dedup registry and the landed-documents registry. An actor
+    process takes about half a second of CPU to start; started with the first shard task, they
+    took it from the task and the senders while the servers waited for their first batches."""
 
-    def __init__(self, job: JobSpec, options: EmbedOptions, endpoints: Sequence[Endpoint], shards: int) -> None:
+    senders: list[Any] = field(default_factory=list)
+    dedup: Dedup | None = None
+    landed: Any = None
+
+    @classmethod
+    def start(cls, job: JobSpec, *, senders: bool = True) -> EarlyActors:
+        """The actors of ``job``'s run (``senders``: the senders too; else the opening starts them,
+        with their servers)."""
+        dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
+        return cls(prelaunch_senders(job) if senders else [], dedup, start_landed())
+
+    def stop(self) -> None:
+        """Stop every actor still here: those no opening or shard context took, and the registries
+        once the run is over (stopping one twice is harmless)."""
+        stop_prelaunched(self.senders)
+        for actor in (self.dedup.registry if self.dedup is not None else None, self.landed):
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+
+
+def prelaunch_senders(job: JobSpec) -> list[Any]:
+    """Sender actors for the servers ``job`` asks for, started before the servers are known: their
+    processes start while the fleet comes up (or the id index is read), and :class:`Opening` gives
+    them their servers with their plans. None when the job does not say how many servers it gets
+    (``ssh``: one per host of an inventory read later)."""
+    expected = _expected_servers(job)
+    if expected is None:
+        return []
+    actors = launch_senders([() for _ in split_servers(range(expected))], job.servers.api_key_env)
+    for actor in actors:
+        actor.warm.remote()
+    return actors
+
+
+def stop_prelaunched(actors: Sequence[Any]) -> None:
+    """Stop sender actors from :func:`prelaunch_senders` that no opening took (stopping one twice is harmless)."""
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+
+
+def _expected_servers(job: JobSpec) -> int | None:
+    servers = job.servers
+    if servers.provider == "static":
+        return len(servers.urls)
+    return None if servers.provider == "ssh" else servers.count
+
+
+class Opening:
+    """The opening of one run over ``endpoints`` (see the module's docstring for its steps).
+
+    ``prelaunched``: sender actors from :func:`prelaunch_senders`; used when the fleet came up with
+    as many senders' worth of servers as the job asked for, else stopped and others started.
+    """
+
+    def __init__(self, job: JobSpec, options: EmbedOptions, endpoints: Sequence[Endpoint], shards: int,
+                 prelaunched: Sequence[Any] = ()) -> None:
         self.job, self.options, self.endpoints = job, options, list(endpoints)
         self.started = time.monotonic()
         self.one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
-        self.actors = launch_senders(split_servers(self.endpoints), job.servers.api_key_env)
-        for actor in self.actors:
-            actor.warm.remote()
+        groups = split_servers(self.endpoints)
+        if len(prelaunched) == len(groups):
+            self.actors = list(prelaunched)  # they connect to their servers when their plans come
+        else:
+            stop_prelaunched(prelaunched)
+            self.actors = launch_senders(groups, job.servers.api_key_env)
+            for actor in self.actors:
+                actor.warm.remote()
         warm = as_shard_work(warm_worker)
         self._workers = [warm.remote() for _ in range(_workers_to_warm(self.one_machine, shards))]
         self._unprobed: list[SenderRef] = []

@@ -89,6 +89,11 @@ class RayStart:
         except Exception:  # a figure for the report is never a reason to fail the run: it stays unknown
             self._upkeep = None
 
+    @property
+    def ready(self) -> bool:
+        """Whether Ray is up now (without waiting)."""
+        return self._ready.is_set() and self._error is None
+
     def wait(self) -> None:
         """Block until Ray is up; raise :class:`RayUnavailable` if it could not start or be joined."""
         started = time.monotonic()

@@ -36,12 +36,11 @@ from teibatch.pipeline.chunking_setup import CounterSource, chunk_plan, chunking
 from teibatch.pipeline.chunks import ChunkTally
 from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ShardContext
-from teibatch.pipeline.dedup import Dedup
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
-from teibatch.pipeline.landed import InShardProgress, LandedPoll, start_landed
+from teibatch.pipeline.landed import InShardProgress, LandedPoll
 from teibatch.pipeline.moved_texts import index_moved_texts
-from teibatch.pipeline.opening import Opening, server_limits
+from teibatch.pipeline.opening import EarlyActors, Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.plan_chunks import chunks_per_document
 from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
@@ -146,7 +145,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             replacements.finish(store)  # what a killed run left half-replaced, first (sink/replace.py)
             _drop_missing_parts(store, manifest, live, summary, reporter)
             summary.timings["plan_s"] = time.monotonic() - started
-            ids, ray_start = _id_index(job, store, shards, ray_address, ray_scope, summary)
+            ids, ray_start, early = _id_index(job, store, shards, manifest, ray_address, ray_scope, summary)
             pending = [s for s in shards if not _done(s, manifest, ids)]
             summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             if summary.shards_skipped:
@@ -159,7 +158,7 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
                 if ray_start is None:
                     ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
                 run = Run(job, provider, store, manifest, summary, reporter, interrupts, replacements, live, ids)
-                run.embed(pending, ray_start, kept)
+                run.embed(pending, ray_start, kept, early)
             interrupts.check()
         summary.status = "done" if not summary.shards_failed else "incomplete"
     except (KeyboardInterrupt, SystemExit):
@@ -239,22 +238,27 @@ def _drop_missing_parts(store: OutputStore, manifest: Manifest, live: set[str], 
                      event="parts_missing", parts=summary.parts_missing)
 
 
-def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], ray_address: str | None, ray_scope: ExitStack,
-              summary: RunSummary) -> tuple[IdIndex | None, RayStart | None]:
+def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], manifest: Manifest, ray_address: str | None,
+              ray_scope: ExitStack, summary: RunSummary) -> tuple[IdIndex | None, RayStart | None, EarlyActors | None]:
     """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``):
     the index an earlier run built for this plan, else one built now, before any server starts
-    (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``."""
+    (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``.
+    While it is read, where some shard is still to embed, the run's actors start (:class:`EarlyActors`,
+    stopped as ``ray_scope`` ends)."""
     output_options = dict(job.output.storage_options)
     texts = job.corpus.deduplicate and not job.chunking.enabled  # then a document is one text: index them too
     if (ids := stored_id_index(store, output_options, shards, texts)) is not None \
             or not needs_id_index(job.corpus_options(), shards, texts):
-        return ids, None
+        return ids, None, None
     clock = time.monotonic()
     ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
     ray_start.wait()
+    early = EarlyActors.start(job) if any(s.id not in manifest.shards for s in shards) else None
+    if early is not None:
+        ray_scope.callback(early.stop)
     ids = build_id_index(store, output_options, job.corpus_options(), shards, texts)
     summary.timings["id_index_s"] = time.monotonic() - clock
-    return ids, ray_start
+    return ids, ray_start, early
 
 
 def _done(shard: Shard, manifest: Manifest, ids: IdIndex | None) -> bool:
@@ -294,8 +298,13 @@ class Run:
         """Incremental mode: where an earlier run wrote the documents of ``shard``, which changed."""
         return tuple(self._stale.parts_reading(shard.sources)) if self.job.mode == "incremental" else ()
 
-    def embed(self, pending: list[Shard], ray_start: RayStart, kept: KeptFields | None) -> None:
-        """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish."""
+    def embed(self, pending: list[Shard], ray_start: RayStart, kept: KeptFields | None,
+              early: EarlyActors | None = None) -> None:
+        """The run's phases: fleet → opening (warm-up, the servers met and probed, senders) → schedule → finish.
+
+        ``early``: the run's actors, started before (:class:`EarlyActors`); without them, and with
+        Ray up already, they are started now, while the servers come up.
+        """
         job, provider, summary, reporter, interrupts = self.job, self.provider, self.summary, self.reporter, \
             self.interrupts
         options = EmbedOptions(normalize=job.model.normalize, truncate=job.model.truncate,
@@ -306,6 +315,9 @@ class Run:
         per_document = chunks_per_document(job, pending)  # what a document sends: tasks are sized by it
         if supports(provider, Capability.SWEEP):
             ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
+        # Where Ray is up already, the actors' processes start while the servers do.
+        if early is None and ray_start.ready:
+            early = EarlyActors.start(job)
         clock = time.monotonic()
         try:
             with fleet_session(job, provider, summary.run_id) as endpoints:
@@ -316,7 +328,10 @@ class Run:
                 ray_start.wait()
                 reinstall(interrupts)
                 interrupts.check()
-                opening = Opening(job, options, endpoints, len(pending))
+                if early is None:  # Ray came up after the servers: the registries start with the senders
+                    early = EarlyActors.start(job, senders=False)
+                opening = Opening(job, options, endpoints, len(pending), early.senders)
+                early.senders = []  # the opening's now: it stops them
                 context: ShardContext | None = None
                 try:
                     met = time.monotonic()
@@ -325,7 +340,7 @@ class Run:
                     senders = opening.send(fleet)
                     clock = time.monotonic()
                     summary.timings["fleet_up_s"] = up_s + clock - met
-                    context = self.shard_context(fleet, counter, kept, pending, senders)
+                    context = self.shard_context(fleet, counter, kept, pending, senders, early)
                     waited = opening.wait_for_workers()
                     # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
                     # servers and sending the first texts).
@@ -340,13 +355,15 @@ class Run:
                         ray.kill(context.dedup.registry, no_restart=True)
                     summary.servers = opening.close()
         finally:  # after teardown: the instances' whole time
+            if early is not None:  # what no opening took, and the registries
+                early.stop()
             summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
             summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
 
     def shard_context(self, fleet: Fleet, counter: CounterSource | None, kept: KeptFields | None,
-                      pending: list[Shard], senders: Sequence[SenderRef]) -> ShardContext:
+                      pending: list[Shard], senders: Sequence[SenderRef], early: EarlyActors) -> ShardContext:
         """What every shard task is given, fixed once the servers are known: the chunking plan, the output's
-        metadata (also the manifest's), the int8/uint8 ranges, the run's registry of texts sent once."""
+        metadata (also the manifest's), the int8/uint8 ranges, the run's registries (``early``'s)."""
         job, manifest, summary = self.job, self.manifest, self.summary
         chunking = chunk_plan(job, fleet, counter, [server_limits(job, s) for s in fleet.servers]) \
             if job.chunking.enabled else None
@@ -367,7 +384,6 @@ class Run:
         # Incremental, with dedup: shards look their texts up by content hash in the whole earlier output.
         looks_up_moved = job.mode == "incremental" and job.corpus.deduplicate and bool(manifest.shards)
         moved = index_moved_texts(self.store, manifest) if looks_up_moved else None
-        dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
         corpus = job.corpus_options()
         options = {**job.vector_options(), "model": fleet.model_id}
         if fleet.sparse:  # in the content hash too: a sparse vector is not a dense one (dense outputs keep theirs)
@@ -385,7 +401,7 @@ class Run:
         return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                             write=WriteOptions(job.output.compression, job.output.row_group_size),
                             output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                            chunking=chunking, dedup=dedup, moved=moved, landed=start_landed(), ids=self.ids)
+                            chunking=chunking, dedup=early.dedup, moved=moved, landed=early.landed, ids=self.ids)
 
     def server_watch(self, fleet: Fleet, options: EmbedOptions,
                      senders: Sequence[SenderRef]) -> AbstractContextManager[object]:
