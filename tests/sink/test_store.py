@@ -110,3 +110,28 @@ def test_other_write_failures_stay_sink_errors(tmp_path: Path) -> None:
     with pytest.raises(SinkError) as caught:
         store.write_atomic("x.json", refuse)
     assert not isinstance(caught.value, StorageFull)
+
+
+def test_a_json_object_replaced_while_it_is_read_is_read_again(s3_endpoint: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run's lock heartbeat rewrites _lock.json while the run itself reads it: s3fs opens the object
+    # (its ETag), the heartbeat replaces it, and the read of the opened object fails (EBUSY).
+    boto3 = pytest.importorskip("boto3")
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="out")
+    options = {"key": "testing", "secret": "testing", "skip_instance_cache": True,
+               "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+    store, writer = OutputStore("s3://out/run", options), OutputStore("s3://out/run", options)
+    store.write_json(LOCK, {"beat": 1})
+    real_open = store.fs.open
+    replaced: list[int] = []
+
+    def open_then_replace(path: str, mode: str = "rb", **kwargs: object) -> object:
+        handle = real_open(path, mode, **kwargs)
+        if not replaced:  # the first opening only: the object changes under it
+            writer.write_json(LOCK, {"beat": 2})
+            replaced.append(1)
+        return handle
+
+    monkeypatch.setattr(store.fs, "open", open_then_replace)
+    assert store.read_json(LOCK, fresh=True) == {"beat": 2}
+    assert replaced == [1]

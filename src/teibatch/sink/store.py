@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, Any
@@ -15,6 +16,8 @@ from teibatch.errors import OutputUnwritable, SinkError, StorageFull
 from teibatch.storage_errors import STORAGE_ERRORS, storage_full
 
 TEMP_MARK = ".tmp-"
+REPLACED_WHILE_READ_ATTEMPTS = 5
+"""Reads of a small JSON file that another writer keeps replacing, before the error is the caller's."""
 
 
 class OutputStore:
@@ -85,13 +88,20 @@ class OutputStore:
         final = self.path(relative)
         if fresh:
             self.fs.invalidate_cache(final)
-        try:
-            with self.fs.open(final, "rb") as handle:
-                blob = handle.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise SinkError(f"cannot read {self.url}/{relative}: {exc}") from exc
+        for attempt in range(1, REPLACED_WHILE_READ_ATTEMPTS + 1):
+            try:
+                with self.fs.open(final, "rb") as handle:
+                    blob = handle.read()
+                break
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                # s3fs reads an object by its ETag: one replaced between its opening and its reading
+                # (a lock's heartbeat rewriting it) fails with EBUSY. Read the new one.
+                if exc.errno == errno.EBUSY and attempt < REPLACED_WHILE_READ_ATTEMPTS:
+                    self.fs.invalidate_cache(final)
+                    continue
+                raise SinkError(f"cannot read {self.url}/{relative}: {exc}") from exc
         try:
             return orjson.loads(blob)
         except orjson.JSONDecodeError as exc:
