@@ -351,11 +351,9 @@ class Run:
                                       opening.one_machine, per_document)
                     summary.timings["embed_s"] = time.monotonic() - clock - waited
                 finally:
-                    if context is not None and context.dedup is not None:
-                        ray.kill(context.dedup.registry, no_restart=True)
                     summary.servers = opening.close()
         finally:  # after teardown: the instances' whole time
-            if early is not None:  # what no opening took, and the registries
+            if early is not None:  # what no opening took, and the registries (the dedup registry's vectors go)
                 early.stop()
             summary.cost, steps = fleet_record(provider, summary.run_id, summary.started_at)
             summary.events = sorted(summary.events + steps, key=lambda event: event["t"])
