@@ -211,3 +211,38 @@ def test_dotted_paths_reach_into_json_objects_and_parquet_structs(kit: Any, tmp_
         assert items[1].fields["meta.tags.lang"] == "en"
     missing = kit.read_all(CorpusOptions(str(tmp_path / "j"), text_field="doc.summary"))
     assert {getattr(i, "reason", "ok") for i in missing} == {REJECT_MISSING_TEXT}
+
+
+PLAIN_ROWS: list[Any] = [
+    {"id": "a", "text": "hello"}, {"id": 7, "text": "x"}, {"id": -3, "text": " y "},
+    {"id": True, "text": "x"}, {"id": 1.0, "text": "x"}, {"id": "", "text": "x"}, {"id": None, "text": "x"},
+    {"id": [1], "text": "x"}, {"text": "x"}, {"id": "a"}, {"id": "a", "text": ""}, {"id": "a", "text": " \n"},
+    {"id": "a", "text": None}, {"id": "a", "text": 5}, {"id": "a", "text": ["x"]},
+    {"doc": {"id": "n"}, "text": "x"}, {"doc.id": "lit", "doc": {"id": "n"}, "text": "x"},
+    Malformed("f.jsonl#0 (line 1): bad"), Malformed("f.jsonl#0 (line 1): bad", {"id": "a", "text": "x"}),
+]
+
+
+@pytest.mark.parametrize("id_field", ["id", "doc.id"])
+@pytest.mark.parametrize("row", PLAIN_ROWS, ids=range(len(PLAIN_ROWS)))
+def test_the_plain_way_decides_a_row_as_the_full_rules_do(row: Any, id_field: str) -> None:
+    """What ``plain`` accepts, ``to_item`` makes the same document of, with the same integer flag;
+    what it leaves, the full rules decide (rejects, nested paths)."""
+    rules = DocumentRules(id_field, "text", ())
+    assert rules.quick
+    place = Place("f.jsonl", 0, 1)
+    plain = rules.plain(row)
+    if plain is not None:
+        item = rules.to_item(row, place)
+        assert isinstance(item, Document)
+        assert (item.id, item.text, rules.integer_id(row)) == plain
+
+
+def test_the_plain_way_takes_the_common_rows() -> None:
+    rules = DocumentRules("id", "text", ())
+    assert rules.plain({"id": "a", "text": "hello", "other": 1}) == ("a", "hello", False)
+    assert rules.plain({"id": 7, "text": "x"}) == ("7", "x", True)
+    assert rules.plain({"id": True, "text": "x"}) is None
+    assert not DocumentRules("id", "text", ("kept",)).quick
+    assert not DocumentRules(None, "text", ()).quick
+    assert not DocumentRules("id", "text", (), title_field="title").quick

@@ -97,6 +97,28 @@ class DocumentRules:
         return Document(doc_id, text, {name: self._kept(name, lookup(row, name), place) for name in self.keep_fields},
                         self._title(row))
 
+    @property
+    def quick(self) -> bool:
+        """Whether :meth:`plain` can decide rows: an id field, and no kept field or title to read."""
+        return self.id_field is not None and not self.keep_fields and not self.title_field
+
+    def plain(self, row: Row) -> tuple[str, str, bool] | None:
+        """The common row at a fraction of :meth:`to_item`'s cost (rules with :attr:`quick` only): a
+        record whose id field, under its literal key, holds a non-empty string or an integer, and whose
+        text field, under its literal key, holds text that is not blank. Gives ``(id, text, integer id?)``;
+        ``None`` for any other row, which :meth:`to_item` then decides (rejects, nested paths)."""
+        if type(row) is not dict:
+            return None
+        text = row.get(self.text_field)
+        if type(text) is not str or not text or text.isspace():
+            return None
+        doc_id = row.get(self.id_field)  # type: ignore[arg-type]
+        if type(doc_id) is str and doc_id:
+            return doc_id, text, False
+        if type(doc_id) is int:  # not a bool: its type is bool
+            return str(doc_id), text, True
+        return None
+
     def id_of(self, row: dict[str, Any], place: Place) -> str | Reject:
         """The row's id under the id rule (module doc), or a ``malformed_record`` ``Reject``."""
         if not self.id_field:

@@ -146,15 +146,26 @@ def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
            position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
     row = 0
     position.line = 0
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     for line_number, line in enumerate(stream, 1):
         position.line = line_number
         if stop is not None and row >= stop:
             return
-        if not line.strip():
+        if line.isspace():  # a line read from a stream is never empty
             continue  # blank lines are not records
         if row >= start:
-            yield row, line_number, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
-                                                  name, row, line_number) if parse else {}
+            if not parse:
+                yield row, line_number, {}
+            else:
+                try:  # the common record, parsed in place; anything else (a BOM too) gets _parse_object's care
+                    value = loads(line)
+                except decode_error:
+                    value = None
+                if type(value) is dict:
+                    yield row, line_number, value
+                else:
+                    yield row, line_number, _parse_object(line.removeprefix(_BOM) if line_number == 1 else line,
+                                                          name, row, line_number)
         row += 1
         position.row = row
 

@@ -92,7 +92,7 @@ class Shard:
         return self.stop - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Document:
     """One document to embed; ``fields`` holds the ``keep_fields`` values, ``title`` the ``title_field``
     value as text (empty when the job names none or the record has none)."""

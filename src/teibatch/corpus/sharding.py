@@ -114,15 +114,16 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
     rules = DocumentRules.for_format(options, shard.format, kept)
     seen: dict[str, tuple[int | None, int | None, bool]] = {}  # a tuple per id: a shard may hold millions
     count = 0
-    for place, item, integer in _items(options, root, shard, rules):
+    for path, row, line, item, integer in _items(options, root, shard, rules):
         count += 1
         if isinstance(item, Document):
             before = duplicates.get(count - 1) if duplicates is not None else None  # kept by an earlier shard
             if before is None:
-                here = (place.row, place.line, integer)
+                here = (row, line, integer)
                 first = seen.setdefault(item.id, here)
-                before = None if first is here else IdSeen(Place(place.path, first[0], first[1]), first[2])
+                before = None if first is here else IdSeen(Place(path, first[0], first[1]), first[2])
             if before is not None:
+                place = Place(path, row, line)
                 detail = repeated_id(item.id, before, IdSeen(place, integer))
                 item = Reject(item.id, REJECT_DUPLICATE_ID, f"{place}: {detail}")
         yield item
@@ -131,8 +132,9 @@ def read_shard(options: CorpusOptions, shard: Shard, *, verify: bool = True,
                           f"but {count} were read; the corpus changed since planning, plan again")
 
 
-def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, str, Place, bool]]:
-    """The documents of ``shard`` as ``(position in the shard, id, text, place, integer id?)``, in order.
+def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, str, int | None, int | None, bool]]:
+    """The documents of ``shard`` as ``(position in the shard, id, text, row, line, integer id?)``, in
+    order (``row`` and ``line`` as ``rows.Place`` has them).
 
     A row that :func:`read_shard` would reject for what it holds (no id, no text) is left out: only
     documents hold ids. Kept fields are not read, and the shard is not verified (its id digests its
@@ -140,9 +142,9 @@ def read_ids(options: CorpusOptions, shard: Shard) -> Iterator[tuple[int, str, s
     """
     rules = dataclasses.replace(DocumentRules.for_format(options, shard.format), keep_fields=(), title_field=None)
     root = resolve_root(options)
-    for position, (place, item, integer) in enumerate(_items(options, root, shard, rules)):
+    for position, (_, row, line, item, integer) in enumerate(_items(options, root, shard, rules)):
         if isinstance(item, Document):
-            yield position, item.id, item.text, place, integer
+            yield position, item.id, item.text, row, line, integer
 
 
 def ids_can_repeat(options: CorpusOptions, shard: Shard) -> bool:
@@ -183,23 +185,32 @@ def _shard(options: CorpusOptions, sources: Sequence[SourceFile], start: int, fm
     return Shard(identity, paths, start, stop, fmt, bad_file)
 
 
-def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard,
-           rules: DocumentRules) -> Iterator[tuple[Place, Document | Reject, bool]]:
-    """Each row's place, what it became, and whether its id field held an integer."""
+def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard, rules: DocumentRules,
+           ) -> Iterator[tuple[str, int | None, int | None, Document | Reject, bool]]:
+    """Each row's place (file, row, line: ``rows.Place``'s parts), what it became, and whether its id
+    field held an integer.
+
+    A shard may hold millions of rows: the common one (:meth:`DocumentRules.plain`) costs no ``Place``
+    and no call of the full rules.
+    """
     if shard.format == "text":
         for path in shard.sources:
             row = read_text(root.fs, root.url(path), _format(options, shard, path), path, rules.text_field,
                             options.on_bad_file)
-            yield Place(path), rules.to_item(row, Place(path)), False
+            yield path, None, None, rules.to_item(row, Place(path)), False
         return
     if len(shard.sources) != 1:
         raise CorpusError(f"shard {shard.id}: a {shard.format} shard reads exactly one source")
     path = shard.sources[0]
     fmt = _format(options, shard, path)
+    plain = rules.plain if rules.quick else None
     for number, line, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
                                        columns=rules.columns(), on_bad_file=options.on_bad_file):
-        place = Place(path, number, line)
-        yield place, rules.to_item(row, place), rules.integer_id(row)
+        found = plain(row) if plain is not None else None
+        if found is not None:
+            yield path, number, line, Document(found[0], found[1]), found[2]
+        else:
+            yield path, number, line, rules.to_item(row, Place(path, number, line)), rules.integer_id(row)
 
 
 def _format(options: CorpusOptions, shard: Shard, path: str) -> FileFormat:

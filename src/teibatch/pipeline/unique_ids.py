@@ -259,17 +259,18 @@ class _SpillBatch:
     def __len__(self) -> int:
         return self.documents
 
-    def add(self, shard: int, documents: list[tuple[int, str, str, Place, bool]], *, ids: bool, texts: bool) -> None:
+    def add(self, shard: int, documents: list[tuple[int, str, str, int | None, int | None, bool]], *, ids: bool,
+            texts: bool) -> None:
         """The documents of shard ``shard`` (as ``read_ids`` yields them): their ids and places
         (``ids``), and their texts' digests (``texts``)."""
         self.documents += len(documents)
         if not documents:
             return
-        positions, doc_ids, bodies, places, integers = zip(*documents, strict=True)
+        positions, doc_ids, bodies, rows, lines, integers = zip(*documents, strict=True)
         shards = [shard] * len(documents)
         if ids:
-            for column, values in zip(_SPILL_SCHEMA.names, (doc_ids, shards, positions, [p.row for p in places],
-                                                            [p.line for p in places], integers), strict=True):
+            for column, values in zip(_SPILL_SCHEMA.names, (doc_ids, shards, positions, rows, lines, integers),
+                                      strict=True):
                 self.ids[column].extend(values)
         if texts:
             for column, values in zip(_TEXT_SCHEMA.names, ([_text_digest(t) for t in bodies], shards, positions),

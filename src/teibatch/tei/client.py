@@ -17,8 +17,13 @@ not in a message, a ``repr`` or a log line.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import ssl
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import anyio
@@ -195,7 +200,7 @@ class TeiClient:
         if url is None:
             url = self._urls[path] = httpx.URL(self.url + path)
         try:
-            with anyio.fail_after(timeout):
+            async with _deadline(timeout):
                 response = await self._http.request(method, url, content=content, headers=headers or self._auth,
                                                     timeout=_limits(timeout))
         except (TimeoutError, httpx.TimeoutException) as exc:
@@ -242,6 +247,20 @@ class TeiClient:
         return WrongModelKind(
             f"serves {model or 'a model'}, {kind}, which cannot give {'sparse' if sparse else 'dense'} vectors "
             f"({said}); {fix}", server=self.url, status_code=exc.status_code)
+
+
+@contextlib.asynccontextmanager
+async def _anyio_deadline(seconds: float) -> AsyncIterator[None]:
+    with anyio.fail_after(seconds):
+        yield
+
+
+def _deadline(seconds: float) -> AbstractAsyncContextManager[object]:
+    """The deadline on a whole request: asyncio's own where there is one (3.11+), at a fraction of
+    anyio's cost per request; both raise ``TimeoutError``."""
+    if sys.version_info >= (3, 11):
+        return asyncio.timeout(seconds)
+    return _anyio_deadline(seconds)
 
 
 @functools.lru_cache(maxsize=1024)

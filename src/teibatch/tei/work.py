@@ -107,6 +107,8 @@ class WorkQueue:
         """Up to ``room`` items from ``unit`` (or fresh texts) whose body fits ``payload_limit``."""
         packer = self.packer_for(unit)
         size, taken = packer.overhead, list[Item]()
+        if unit is None and self._held is None:
+            size = self._take_plain(taken, room, size, payload_limit)
         while len(taken) < room:
             item = self._peek(unit)
             if item is None:
@@ -124,6 +126,37 @@ class WorkQueue:
         if unit is not None and not unit.items and unit in self.units:
             self.units.remove(unit)
         return taken
+
+    def _take_plain(self, taken: list[Item], room: int, size: int, payload_limit: int) -> int:
+        """Fresh texts into ``taken`` (a body of ``size`` bytes so far) while each is plain: not empty,
+        JSON-encodable, short enough and small enough alone (what :meth:`_prepare` lets through as it is),
+        and fitting the body. Gives the body's size; the first text it stops at is left for :meth:`take`'s
+        own loop, encoded and held if it was only too big for this body.
+
+        Every request of a run starts here: one pass, no call per text.
+        """
+        texts, limit_alone = self.texts, self.payload_limit - self.packer.overhead
+        max_chars = None if self.packer.options.truncate else self.max_input_chars
+        dumps, end = orjson.dumps, len(texts)
+        while len(taken) < room and self._next < end:
+            text = texts[self._next]
+            if not text or (max_chars is not None and len(text) > max_chars):
+                break
+            try:
+                encoded = dumps(text)
+            except orjson.JSONEncodeError:
+                break
+            if len(encoded) > limit_alone:
+                break
+            item = Item(self._next, encoded, len(text))
+            self._next += 1
+            extra = len(encoded) + (1 if taken else 0)
+            if size + extra > payload_limit:
+                self._held = item
+                break
+            taken.append(item)
+            size += extra
+        return size
 
     def _peek(self, unit: Unit | None) -> Item | None:
         if unit is not None:
