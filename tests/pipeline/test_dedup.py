@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +13,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+import ray
 import yaml
 
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.dedup import DedupRegistry, ShardCopies, hash_key
+from teibatch.pipeline.dedup import Dedup, DedupRegistry, ShardCopies, hash_key
+from teibatch.pipeline.opening import run_dedup
+from teibatch.pipeline.unique_ids import IdIndex
 from teibatch.server import text_digest
 from teibatch.tei.packing import PROBE_TEXT
 from tests.conftest import write_jsonl
@@ -110,6 +114,49 @@ def test_repeated_texts_are_sent_once_and_written_for_every_id(
     deduplicated, every_copy = vectors_table(tmp_path / "out"), vectors_table(tmp_path / "plain")
     assert deduplicated.num_rows == DOCUMENTS
     assert deduplicated.equals(every_copy)  # ids, hashes, vectors bit for bit, row for row
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_texts_repeated_only_within_their_shards_are_sent_once_with_no_registry(
+        tmp_path: Path, job_file: Callable[..., Path], recording: tuple[Endpoint, dict[str, object]]) -> None:
+    """No text is in two shards: the id index says so, no registry starts (``run_dedup``), and each
+    shard still sends a text it holds twice once."""
+    rows = [{"id": f"d{i}", "text": f"shard {i // SHARD_DOCS} text {i % SHARD_DOCS % 7}"} for i in range(40)]
+    write_jsonl(tmp_path / "corpus" / "f.jsonl", rows)
+    distinct = len({row["text"] for row in rows})
+    assert distinct == 28
+    endpoint, servers = recording
+    before = received(endpoint)
+    summary = run_job(load_job(job_file({"path": str(tmp_path / "corpus"), "id_field": "id",
+                                         "shard_docs": SHARD_DOCS}, servers)))
+    sent = sent_since(endpoint, before)
+    assert sum(sent.values()) == distinct and set(sent.values()) == {1}
+    report = summary.to_json()["documents"]
+    assert (report["embedded"], report["deduplicated"]) == (40, 40 - distinct)
+    (index,) = (tmp_path / "out" / "_ids").iterdir()
+    assert orjson.loads((index / "index.json").read_bytes())["shared"] == {}
+    table = vectors_table(tmp_path / "out")
+    by_text = {}
+    for doc_id, vector in zip(table["id"].to_pylist(), table["embedding"].to_pylist(), strict=True):
+        by_text.setdefault(rows[int(doc_id[1:])]["text"], []).append(vector)
+    assert all(all(v == vectors[0] for v in vectors) for vectors in by_text.values())
+
+
+def test_the_run_starts_a_registry_only_where_some_text_is_in_two_shards(
+        tmp_path: Path, job_file: Callable[..., Path], ray_session: None) -> None:
+    servers = {"provider": "static", "urls": ["http://127.0.0.1:9"]}
+    plain = load_job(job_file({"path": str(tmp_path), "deduplicate": False}, servers))
+    job = load_job(job_file({"path": str(tmp_path)}, servers))
+    apart = IdIndex(str(tmp_path), "_ids/x", {}, texts=True)
+    assert run_dedup(job, apart) == Dedup.within_shards()
+    assert run_dedup(plain, apart) is None
+    for ids in (None, dataclasses.replace(apart, shared={"s": (0, (1,))}), dataclasses.replace(apart, texts=False)):
+        dedup = run_dedup(job, ids)
+        assert dedup is not None and dedup.registry is not None
+        try:
+            assert ray.get(dedup.registry.release.remote([]), timeout=60) is None  # up and answering
+        finally:
+            ray.kill(dedup.registry, no_restart=True)
 
 
 @pytest.mark.usefixtures("ray_session")

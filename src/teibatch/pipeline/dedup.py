@@ -301,10 +301,20 @@ class DedupRegistry:
 
 @dataclass(frozen=True)
 class Dedup:
-    """Deduplication as shard tasks see it: the registry actor, and how long a shard waits for copies."""
+    """Deduplication as shard tasks see it: the registry actor, and how long a shard waits for copies.
 
-    registry: Any  # ray.actor.ActorHandle of DedupRegistry
+    Without a registry (:meth:`within_shards`) each shard sends a text it holds twice once, and asks
+    nobody about the others.
+    """
+
+    registry: Any  # ray.actor.ActorHandle of DedupRegistry; None: no text is in two shards
     wait_s: float
+
+    @classmethod
+    def within_shards(cls) -> Dedup:
+        """Deduplication with no registry: the run's id index read every text and found none that two
+        shards hold (a registry process would cost a second of CPU and never be asked)."""
+        return cls(None, 0.0)
 
     @classmethod
     def for_run(cls, request_timeout: float) -> Dedup:
@@ -317,7 +327,8 @@ class Dedup:
 
     def release(self, shards: Iterable[str]) -> None:
         """The task of ``shards`` has ended: give up what they still own (it does not wait)."""
-        self.registry.release.remote(list(shards))
+        if self.registry is not None:
+            self.registry.release.remote(list(shards))
 
 
 @dataclass
@@ -350,17 +361,25 @@ class ShardCopies:
     _published: set[int] = field(default_factory=set)
     _waiting: list[int] = field(default_factory=list)  # heap of units that may not be final yet
 
+    def __post_init__(self) -> None:
+        if self.dedup is not None and self.dedup.registry is None:
+            self.dedup = None  # nothing to ask: copies within the shard only
+
     def decide(self, batch: Sequence[tuple[int, str]]) -> Iterator[tuple[int, str]]:
         """The units of ``batch`` (``(unit, text)``, in order) that this shard sends; the others are
         copies of a unit before them, or of one that another shard sends."""
         firsts: list[tuple[int, str]] = []
+        first_of, hashes = self._first.setdefault, self.hashes
         for unit, text in batch:
-            first = self._first.setdefault(self.hashes[unit], unit)
+            first = first_of(hashes[unit], unit)
             if first == unit:
                 firsts.append((unit, text))
             elif not self._settle(unit, first):
                 self._source[unit] = first
                 heapq.heappush(self._waiting, unit)
+        if self.contested is not None and self.contested.isdisjoint([u for u, _ in firsts]):
+            yield from firsts  # no other shard holds these texts: this shard's without asking
+            return
         for (unit, text), own in zip(firsts, self._claim([u for u, _ in firsts]), strict=True):
             if own:
                 yield unit, text
@@ -373,18 +392,25 @@ class ShardCopies:
         """The servers' answers for ``units``, sent by this shard (``refused``: those refused for good):
         their copies become final, and the registry gets the vectors others wait for (``publish``) or
         gives the refused texts up (their waiters send them)."""
-        sent = [i for i, unit in enumerate(units) if ok[i]]
-        for i in sent:
-            unit = units[i]
-            self._landed[unit] = (vectors[i], bool(truncated[i]))
-            if self._foreign.pop(unit, None) is not None:
-                self.late[unit] = (self.hashes[unit], *self._landed[unit])
+        # Every answered unit's vector is kept (a copy of its text may still be read in this shard):
+        # one pass over plain lists, a shard holds millions of units.
+        landed = self._landed
+        sent = [unit for unit, good in zip(units, ok.tolist(), strict=True) if good]
+        if len(sent) == len(units):
+            landed.update(zip(units, zip(vectors, truncated.tolist(), strict=True), strict=True))
+        else:
+            landed.update((unit, (row, cut)) for unit, good, row, cut in
+                          zip(units, ok.tolist(), vectors, truncated.tolist(), strict=True) if good)
+        if self._foreign:
+            for unit in sent:
+                if self._foreign.pop(unit, None) is not None:
+                    self.late[unit] = (self.hashes[unit], *landed[unit])
         refused = list(refused)
         self._refused_firsts.update(refused)
         for unit in refused:
             self._foreign.pop(unit, None)
-        if publish:
-            self._publish([units[i] for i in sent if units[i] in self._deliver])
+        if publish and self._deliver:
+            self._publish([unit for unit in sent if unit in self._deliver])
         if publish and refused:
             self._call(lambda r: r.abandon.remote(self.shard, [hash_key(self.hashes[u]) for u in refused]))
         self._resolve()

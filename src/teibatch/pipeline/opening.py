@@ -38,6 +38,7 @@ from teibatch.pipeline.landed import start_landed
 from teibatch.pipeline.senders.actor import launch_senders, probed_senders, start_senders, stop_senders
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
 from teibatch.pipeline.shard import as_shard_work, warm_worker
+from teibatch.pipeline.unique_ids import IdIndex
 from teibatch.tei import ClientLimits, EmbedOptions
 
 # The longest the run waits for its first workers to start before the first shard task.
@@ -57,11 +58,17 @@ class EarlyActors:
     landed: Any = None
 
     @classmethod
-    def start(cls, job: JobSpec, *, senders: bool = True) -> EarlyActors:
+    def start(cls, job: JobSpec, *, senders: bool = True, ids: IdIndex | None = None,
+              index_coming: bool = False) -> EarlyActors:
         """The actors of ``job``'s run (``senders``: the senders too; else the opening starts them,
-        with their servers)."""
-        dedup = Dedup.for_run(job.client.request_timeout) if job.corpus.deduplicate else None
+        with their servers). The dedup registry by :func:`run_dedup` with the run's id index ``ids``;
+        ``index_coming``: not yet, the index is being read (then :meth:`index_read`)."""
+        dedup = None if index_coming else run_dedup(job, ids)
         return cls(prelaunch_senders(job) if senders else [], dedup, start_landed())
+
+    def index_read(self, job: JobSpec, ids: IdIndex | None) -> None:
+        """The run's id index is read: the dedup registry starts, if the run needs one (:func:`run_dedup`)."""
+        self.dedup = run_dedup(job, ids)
 
     def stop(self) -> None:
         """Stop every actor still here: those no opening or shard context took, and the registries
@@ -70,6 +77,17 @@ class EarlyActors:
         for actor in (self.dedup.registry if self.dedup is not None else None, self.landed):
             if actor is not None:
                 ray.kill(actor, no_restart=True)
+
+
+def run_dedup(job: JobSpec, ids: IdIndex | None) -> Dedup | None:
+    """``job``'s deduplication: none without ``corpus.deduplicate``; no registry where the id index
+    ``ids`` read every text and found none that two shards hold (:meth:`Dedup.within_shards`); else
+    the run's registry actor."""
+    if not job.corpus.deduplicate:
+        return None
+    if ids is not None and ids.texts and not ids.shared:
+        return Dedup.within_shards()
+    return Dedup.for_run(job.client.request_timeout)
 
 
 def prelaunch_senders(job: JobSpec) -> list[Any]:

@@ -253,10 +253,12 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], manifest: M
     clock = time.monotonic()
     ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
     ray_start.wait()
-    early = EarlyActors.start(job) if any(s.id not in manifest.shards for s in shards) else None
+    early = EarlyActors.start(job, index_coming=True) if any(s.id not in manifest.shards for s in shards) else None
     if early is not None:
         ray_scope.callback(early.stop)
     ids = build_id_index(store, output_options, job.corpus_options(), shards, texts)
+    if early is not None:
+        early.index_read(job, ids)
     summary.timings["id_index_s"] = time.monotonic() - clock
     return ids, ray_start, early
 
@@ -317,7 +319,7 @@ class Run:
             ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
         # Where Ray is up already, the actors' processes start while the servers do.
         if early is None and ray_start.ready:
-            early = EarlyActors.start(job)
+            early = EarlyActors.start(job, ids=self.ids)
         clock = time.monotonic()
         try:
             with fleet_session(job, provider, summary.run_id) as endpoints:
@@ -329,7 +331,7 @@ class Run:
                 reinstall(interrupts)
                 interrupts.check()
                 if early is None:  # Ray came up after the servers: the registries start with the senders
-                    early = EarlyActors.start(job, senders=False)
+                    early = EarlyActors.start(job, senders=False, ids=self.ids)
                 opening = Opening(job, options, endpoints, len(pending), early.senders)
                 early.senders = []  # the opening's now: it stops them
                 context: ShardContext | None = None
