@@ -15,7 +15,8 @@ Not a test: it prints numbers, each beside a baseline measured in the same run.
    answer of each kind, beside ``json.loads``.
 3. **HTTP client CPU per vector**: the same base64 requests of 32 texts (384 dimensions), 16 in flight,
    sent and read whole by a plain ``httpx.AsyncClient`` (httpcore's pool), by the client
-   :func:`teibatch.tei.open_client` builds (httpx over aiohttp, ``tei/transport.py``) and by a bare
+   :func:`teibatch.tei.open_client` builds for ``http://`` servers (httpx over ``tei/wire.py``), by
+   the one it builds for TLS and proxies (httpx over aiohttp, ``tei/transport.py``) and by a bare
    ``aiohttp.ClientSession``; nothing decoded, so the CPU is the HTTP client's (the least of
    ``--repeats`` runs, taken in turns). With ``--floor PATH`` it also runs that one-process floor script
    (``--client both``) and prints its ``HTTP (httpx)`` and ``HTTP (aiohttp)`` stages beside them.
@@ -67,6 +68,7 @@ from teibatch.tei import (
     open_client,
 )
 from teibatch.tei.decode import decode_base64, decode_embed
+from teibatch.tei.transport import AiohttpTransport, TeiHttpClient
 
 
 def documents(count: int, words: int, seed: int = 0) -> list[str]:
@@ -208,7 +210,10 @@ async def _aiohttp_poster(url: str, headers: dict[str, str]) -> AsyncIterator[Po
 HTTP_CLIENTS: dict[str, Callable[[str, dict[str, str]], contextlib.AbstractAsyncContextManager[Post]]] = {
     "httpx (httpcore pool)": lambda url, headers: _httpx_poster(httpx.AsyncClient(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)), url, headers),
-    "httpx over aiohttp (open_client)": lambda url, headers: _httpx_poster(open_client([url]), url, headers),
+    "httpx over the wire transport (open_client)": lambda url, headers: _httpx_poster(
+        open_client([url]), url, headers),
+    "httpx over aiohttp (open_client for TLS, proxies)": lambda url, headers: _httpx_poster(
+        TeiHttpClient(transport=AiohttpTransport()), url, headers),
     "aiohttp alone (one ClientSession)": _aiohttp_poster,
 }
 
@@ -238,8 +243,8 @@ def _floor_http(path: Path, documents: int) -> dict[str, float]:
 
 
 def http_cpu(args: argparse.Namespace) -> dict[str, Any]:
-    """HTTP client CPU µs per vector: plain httpx, httpx over aiohttp, aiohttp alone, and (``--floor``) the
-    floor script's httpx and aiohttp."""
+    """HTTP client CPU µs per vector: plain httpx, httpx over the wire transport and over aiohttp, aiohttp
+    alone, and (``--floor``) the floor script's httpx and aiohttp."""
     provider = LocalProvider(1, server_args=["--dimension", "384", "--max-concurrent-requests", "1024"],
                              startup_timeout=60)
     (endpoint,) = provider.up()

@@ -1,4 +1,5 @@
-"""``AiohttpTransport`` under an httpx client, against real servers on 127.0.0.1: what httpx callers see."""
+"""The transports under ``open_client`` (``WireTransport``, and ``AiohttpTransport`` for TLS and proxies),
+each under an httpx client, against real servers on 127.0.0.1: what httpx callers see."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.errors import PayloadTooLarge, TeiOverloaded, TeiUnavailable
 from teibatch.server import HashingEmbedder
 from teibatch.tei import ROUTE_EMBED, EmbedOptions, EmbedRequest, RequestPacker, TeiClient
+from teibatch.tei import transport as transport_module
 from teibatch.tei.transport import AiohttpTransport, httpx_error, open_client
 from tests.tei.conftest import ServerHandle, free_port
 
@@ -25,6 +27,15 @@ T = TypeVar("T")
 TEXTS = ["first text", "second, with é and \"quotes\"", "third\nline"]
 DEADLINE_S = 30.0
 """No test here may wait longer than this for one call (a hang is a failure, not a stuck suite)."""
+
+
+@pytest.fixture(autouse=True, params=["wire", "aiohttp"])
+def carrier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here once per transport ``open_client`` may choose (aiohttp: for TLS and proxies)."""
+    if request.param == "aiohttp":
+        monkeypatch.setattr(transport_module, "WireTransport",
+                            lambda max_connections=None: AiohttpTransport(max_connections=max_connections))
+    return str(request.param)
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:

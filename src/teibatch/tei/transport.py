@@ -1,11 +1,13 @@
-"""httpx's interface, aiohttp's wire: the transport that carries every TEI request.
+"""httpx's interface over a faster wire: the client that carries every TEI request, and its aiohttp transport.
 
-The TEI client takes an ``httpx.AsyncClient`` (``tei/client.py``), and that stays its interface. What
-carries the bytes under it is :class:`AiohttpTransport`: one ``aiohttp.ClientSession`` per server, its
-keep-alive connections pinned to that server. httpx's own pool (httpcore) looks at every connection
-it holds on each request (a ``poll`` and a ``getpeername`` each), and anyio registers each read with
-epoll again, where aiohttp's connector takes the last idle connection off a list: at 32 texts a
-request, 38 µs of CPU per vector under plain httpx, 12.5 over this transport (``docs/benchmarks.md``).
+The TEI client takes an ``httpx.AsyncClient`` (``tei/client.py``), and that stays its interface.
+:func:`open_client` builds it, carried by one of two transports with the same behaviour: for
+``http://`` servers with no proxy in the environment, :class:`~teibatch.tei.wire.WireTransport`
+(HTTP/1.1 straight over asyncio); for TLS and proxies, :class:`AiohttpTransport` here: one
+``aiohttp.ClientSession`` per server, its keep-alive connections pinned to that server. httpx's own
+pool (httpcore) looks at every connection it holds on each request (a ``poll`` and a ``getpeername``
+each), and anyio registers each read with epoll again: at 32 texts a request, about 38 µs of CPU per
+vector under plain httpx, 13 over aiohttp and 8 over the wire transport (``docs/benchmarks.md``).
 
 Every aiohttp error becomes the matching httpx exception here, at this one boundary
 (``raise ... from exc``), so that ``TeiClient`` and the code that branches on httpx types
@@ -43,6 +45,7 @@ import httpx
 from yarl import URL
 
 from teibatch.tei.client import tls_settings
+from teibatch.tei.wire import WireTransport
 
 _HTTP_11 = {"http_version": b"HTTP/1.1"}
 _SHORT_WAY = frozenset({"content", "headers", "timeout"})
@@ -237,13 +240,19 @@ class TeiHttpClient(httpx.AsyncClient):
 
 
 def open_client(urls: Iterable[str], max_connections: int | None = None) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` for TEI requests to ``urls``, carried by :class:`AiohttpTransport`.
+    """An ``httpx.AsyncClient`` for TEI requests to ``urls``: carried by :class:`~teibatch.tei.wire.WireTransport`
+    when every URL is ``http://`` and the environment names no proxy, else by :class:`AiohttpTransport`.
 
     The one way teibatch builds a client for TEI: TLS from :func:`~teibatch.tei.client.tls_settings`
     (a context only when a URL is HTTPS), ``max_connections`` per server (``None``: no cap), and
     proxies from the environment only when one is set there (looking them up costs each request).
     Use it as ``async with`` or close it with ``aclose``; closing it closes every connection.
     """
-    transport = AiohttpTransport(verify=tls_settings(*urls), max_connections=max_connections,
-                                 trust_env=_proxies_in_env())
+    urls = list(urls)
+    proxies = _proxies_in_env()
+    transport: httpx.AsyncBaseTransport
+    if all(url.startswith("http://") for url in urls) and not proxies:
+        transport = WireTransport(max_connections=max_connections)
+    else:
+        transport = AiohttpTransport(verify=tls_settings(*urls), max_connections=max_connections, trust_env=proxies)
     return TeiHttpClient(transport=transport)
