@@ -323,11 +323,16 @@ class Units:
                rejects: list[Reject]) -> Iterator[tuple[int, str]]:
         """``(unit, text to send)`` for each unit of ``documents``; each document with units is
         appended to ``record``, one the chunker cannot cut to ``rejects`` instead."""
-        if self.plan is None:
+        if self.plan is None:  # a unit per document: _add_document and _add, inline (a shard may hold millions)
+            ids, hashes, doc, first, hash_text = self.ids, self.hashes, self.doc, self.first, self.hash_text
             for document in documents:
-                self._add_document(record, document)
-                self._add(document.id, self.hash_text(document.text))
-                yield len(self.ids) - 1, document.text
+                unit = len(ids)
+                doc.append(len(first))
+                first.append(unit)
+                record.append(document)
+                ids.append(document.id)
+                hashes.append(hash_text(document.text))
+                yield unit, document.text
             return
         batch: list[Document] = []
         chars = 0

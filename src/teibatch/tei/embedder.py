@@ -29,7 +29,6 @@ server taken back (lost)    called back at once and resent on another server, no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import random
 from collections.abc import Sequence
@@ -152,6 +151,38 @@ class _Flight(Flight):
     recalled: bool = False
 
 
+class _Alarm:
+    """What wakes a dispatcher: an ``asyncio.Event`` for one waiter, waited on with a timeout at the
+    cost of a timer (``asyncio.wait_for`` makes a task each time, and a dispatcher waits once per answer)."""
+
+    def __init__(self) -> None:
+        self.rung = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def ring(self) -> None:
+        self.rung = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until :meth:`ring` (at once if it rang since :attr:`rung` was cleared), or ``timeout`` seconds."""
+        if self.rung:
+            return
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout, _settle, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Run:
     """One call of :func:`embed_texts`: a dispatcher loop that starts requests while servers have room."""
 
@@ -170,17 +201,17 @@ class _Run:
         self.result = EmbedResult.blank(len(texts), dimension, self.sparse)
         self.flights: dict[asyncio.Task[None], _Flight] = {}
         self.fatal: BaseException | None = None
-        self.wake = asyncio.Event()
+        self.wake = _Alarm()
 
     async def execute(self) -> EmbedResult:
-        self.pool.listeners.append(self.wake.set)
+        self.pool.listeners.append(self.wake.ring)
         self.pool.unsent_work.append(self._has_unsent)
         finished = False
         try:
             await self._dispatch()
             finished = True
         finally:
-            self.pool.listeners.remove(self.wake.set)
+            self.pool.listeners.remove(self.wake.ring)
             self.pool.unsent_work.remove(self._has_unsent)
             for task in self.flights:
                 if finished:
@@ -197,7 +228,7 @@ class _Run:
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            self.wake.clear()
+            self.wake.rung = False
             if self.fatal is not None:
                 raise self.fatal
             if self.queue.empty() and all(flight.settled for flight in self.flights.values()):
@@ -212,8 +243,7 @@ class _Run:
             due = self.queue.next_due()
             if due is not None:
                 timeout = min(timeout, max(0.0, due - loop.time()))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+            await self.wake.wait(timeout)
 
     def _start_one(self, now: float) -> bool:
         """Start one request if some work and some server with room meet; True if anything changed."""
@@ -259,7 +289,7 @@ class _Run:
         failed = not task.cancelled() and task.exception() is not None
         if failed and self.fatal is None and (flight is None or not flight.settled):
             self.fatal = task.exception()
-        self.wake.set()
+        self.wake.ring()
 
     async def _request(self, flight: _Flight) -> None:
         server, items = flight.server, flight.items

@@ -37,7 +37,7 @@ class Failure:
     detail: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Item:
     """One text ready to send: its position in the caller's list and its encoded JSON string."""
 
