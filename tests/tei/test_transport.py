@@ -59,6 +59,13 @@ async def answering(status: int, body: bytes, headers: dict[str, str]) -> AsyncI
         await request.read()
         return web.Response(status=status, body=body, headers=headers)
 
+    async with serving(handler) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """An aiohttp server on this loop that gives every request, on any route, to ``handler``; its URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
@@ -278,16 +285,8 @@ async def echoing() -> AsyncIterator[str]:
         return web.json_response({"method": request.method, "path": request.path_qs, "body": body.decode(),
                                   "headers": sorted([k.lower(), v] for k, v in request.headers.items())})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(handler) as url:
+        yield url
 
 
 def test_the_clients_short_way_sends_what_httpx_sends() -> None:

@@ -45,7 +45,7 @@ import httpx
 from yarl import URL
 
 from teibatch.tei.client import tls_settings
-from teibatch.tei.wire import WireTransport
+from teibatch.tei.wire import WireTransport, take_slot
 
 _HTTP_11 = {"http_version": b"HTTP/1.1"}
 _SHORT_WAY = frozenset({"content", "headers", "timeout"})
@@ -128,10 +128,7 @@ class _Session:
         """Send ``request`` with ``body``; its status, raw headers and whole body, or an httpx error."""
         if self.slots is None:
             return await self._send(request, body, timeouts)
-        try:
-            await asyncio.wait_for(self.slots.acquire(), timeouts.get("pool"))
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            raise httpx.PoolTimeout("no free connection within the pool timeout", request=request) from exc
+        await take_slot(self.slots, request, timeouts.get("pool"))
         try:
             return await self._send(request, body, timeouts)
         finally:

@@ -88,6 +88,15 @@ class WireTransport(httpx.AsyncBaseTransport):
         await self.aclose()
 
 
+async def take_slot(slots: asyncio.Semaphore, request: httpx.Request, timeout: float | None) -> None:
+    """One of a server's connection ``slots`` for ``request`` (the caller releases it), waiting at most
+    ``timeout``; else ``httpx.PoolTimeout``. Both transports cap connections this way."""
+    try:
+        await asyncio.wait_for(slots.acquire(), timeout)
+    except (TimeoutError, asyncio.TimeoutError) as exc:
+        raise httpx.PoolTimeout("no free connection within the pool timeout", request=request) from exc
+
+
 class _Pool:
     """One server's connections: idle ones to reuse, and with a cap, the slots for them all."""
 
@@ -103,10 +112,7 @@ class _Pool:
         """Send ``data`` (the whole request) on a free connection; the answer's status, headers and body."""
         if self.slots is None:
             return await self._exchange(request, data, timeouts)
-        try:
-            await asyncio.wait_for(self.slots.acquire(), timeouts.get("pool"))
-        except (TimeoutError, asyncio.TimeoutError) as exc:
-            raise httpx.PoolTimeout("no free connection within the pool timeout", request=request) from exc
+        await take_slot(self.slots, request, timeouts.get("pool"))
         try:
             return await self._exchange(request, data, timeouts)
         finally:
