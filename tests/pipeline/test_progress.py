@@ -14,8 +14,8 @@ import ray
 from teibatch.endpoint import Endpoint
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.landed import InShardProgress, LandedDocuments, LandedPoll
-from teibatch.pipeline.progress import ETA_MIN_SPAN_S, Eta, JsonLinesReporter, LineReporter
+from teibatch.pipeline.landed import LandedDocuments, LandedPoll
+from teibatch.pipeline.progress import ETA_MIN_SPAN_S, Eta, InShardProgress, JsonLinesReporter, LineReporter
 from tests.conftest import write_jsonl
 
 
@@ -116,9 +116,9 @@ def test_documents_counted_inside_a_shard_are_not_counted_again_when_it_ends() -
 class SlowLanded(LandedDocuments):
     """An actor that answers each ``take`` only after a while (a starting or starved actor)."""
 
-    def take(self) -> dict[str, int]:
+    def take_landed(self) -> dict[str, int]:
         time.sleep(0.3)
-        return super().take()
+        return super().take_landed()
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -127,7 +127,7 @@ def test_counts_a_slow_actor_has_not_answered_yet_are_read_later_not_dropped() -
     poll = LandedPoll(actor)
     taken: dict[str, int] = {}
     for documents in (10, 20, 30):
-        ray.get(actor.add.remote("a", documents))
+        ray.get(actor.add_landed.remote("a", documents))
         for shard, count in poll.take().items():  # never waits: most calls find the answer not back yet
             taken[shard] = taken.get(shard, 0) + count
     deadline = time.monotonic() + 60

@@ -356,10 +356,10 @@ def test_senders_started_before_the_fleet_are_its_senders_when_it_has_the_server
 def test_the_run_s_early_actors_all_stop(tmp_path: Path, ray_session: None) -> None:
     job = load_job(static_job(tmp_path, ["http://127.0.0.1:9"]))
     early = EarlyActors.start(job)
-    assert len(early.senders) == 1 and early.dedup is not None and early.landed is not None
-    assert ray.get(early.landed.take.remote(), timeout=60) == {}  # up and answering
+    assert len(early.senders) == 1 and early.dedup is not None
+    assert ray.get(early.senders[0].take_landed.remote(), timeout=60) == {}  # up and answering
     early.stop()
-    calls = {"sender": lambda: early.senders[0].stats.remote(), "landed": lambda: early.landed.take.remote(),
+    calls = {"sender": lambda: early.senders[0].stats.remote(),
              "dedup": lambda: early.dedup.registry.release.remote([])}  # type: ignore[union-attr]
     stopped = set()
     for name, call in calls.items():

@@ -34,7 +34,8 @@ class ShardContext:
     moved: MovedTexts | None = None
     """Incremental mode: the earlier output's texts by content hash (``pipeline/moved_texts.py``)."""
     landed: Any = None
-    """The run's :class:`~teibatch.pipeline.landed.LandedDocuments` actor: what landed inside shards
-    still running, for the progress display; ``None``: nothing is told before a shard ends."""
+    """The actor that keeps the run's :class:`~teibatch.pipeline.landed.LandedDocuments` (its first
+    sender): what landed inside shards still running, for the progress display; ``None``: nothing
+    is told before a shard ends."""
     ids: IdIndex | None = None
     """Documents whose id an earlier shard of the plan holds: rejected as duplicates (``pipeline/unique_ids.py``)."""

@@ -2,10 +2,16 @@
 
 A shard is counted done only when it commits; with one large shard that is the end of the run, so
 the shard tasks also say, as vectors come back, how many of their documents have all theirs.
-Each task sums what landed and tells a small actor at most every :data:`REPORT_INTERVAL_S`
-seconds (a call it does not wait for); the driver takes the sums when it wakes anyway, never waiting
-(:class:`LandedPoll`), and passes them to the reporters as ``advance(0, documents, status="running")``.
-When the shard ends, its ``advance`` carries only the documents not counted yet (:class:`InShardProgress`).
+Each task sums what landed and tells the run's first sender at most every :data:`REPORT_INTERVAL_S`
+seconds (a call it does not wait for), which keeps the sums in a :class:`LandedDocuments`; the driver
+takes them when it wakes anyway, never waiting (:class:`LandedPoll`), and passes them to the reporters
+as ``advance(0, documents, status="running")``. When the shard ends, its ``advance`` carries only the
+documents not counted yet (``pipeline/progress.InShardProgress``).
+
+Kept in a sender rather than an actor of their own: an actor's process costs about a second of CPU
+to start and run, which a run's opening took from its senders and first task. A sender that Ray
+restarts starts its sums again from nothing: the progress shown lags until those shards end, and
+nothing else depends on it.
 """
 
 from __future__ import annotations
@@ -15,31 +21,25 @@ from typing import Any
 
 import ray
 
-from teibatch.pipeline.progress import Reporter, SilentReporter
-
 REPORT_INTERVAL_S = 0.5
 """A shard task tells the driver what landed at most this often."""
-STATUS_RUNNING = "running"
 
 
 class LandedDocuments:
-    """The run's counts of landed documents per shard not yet taken by the driver (a Ray actor)."""
+    """The run's counts of landed documents per shard not yet taken by the driver; the first sender
+    actor keeps them, and answers the calls of the same names (``SenderActor.add_landed``)."""
 
     def __init__(self) -> None:
         self._landed: dict[str, int] = {}
 
-    def add(self, shard: str, documents: int) -> None:
+    def add_landed(self, shard: str, documents: int) -> None:
+        """``documents`` more of ``shard``'s documents have all their vectors."""
         self._landed[shard] = self._landed.get(shard, 0) + documents
 
-    def take(self) -> dict[str, int]:
+    def take_landed(self) -> dict[str, int]:
         """The counts since last taken, per shard."""
         landed, self._landed = self._landed, {}
         return landed
-
-
-def start_landed() -> Any:
-    """The actor for one run (no CPU of its own: it only adds numbers)."""
-    return ray.remote(num_cpus=0)(LandedDocuments).remote()
 
 
 class LandedPoll:
@@ -57,7 +57,7 @@ class LandedPoll:
         if self._actor is None:
             return {}
         if self._pending is None:
-            self._pending = self._actor.take.remote()
+            self._pending = self._actor.take_landed.remote()
         ready, _ = ray.wait([self._pending], timeout=0)
         if not ready:
             return {}
@@ -82,51 +82,5 @@ class ShardLanded:
         self._now = max(self._now, documents)
         if self._actor is None or self._now == self._sent or time.monotonic() < self._due:
             return
-        self._actor.add.remote(self._shard, self._now - self._sent)
+        self._actor.add_landed.remote(self._shard, self._now - self._sent)
         self._sent, self._due = self._now, time.monotonic() + REPORT_INTERVAL_S
-
-
-class InShardProgress(SilentReporter):
-    """Passes every event on to ``reporter``; documents landed inside running shards go as
-    ``advance(0, n, shard=…, status="running")``, and a shard's final ``advance`` carries only what was
-    not counted before, so the documents add up to the shards' sizes."""
-
-    def __init__(self, reporter: Reporter) -> None:
-        self.reporter = reporter
-        self._counted: dict[str, int] = {}
-        self._sizes: dict[str, int] = {}
-
-    def landed(self, counts: dict[str, int]) -> None:
-        """Documents that landed per running shard since the last call (never more than its size: a
-        task Ray ran again counts from its start again)."""
-        for shard, documents in counts.items():
-            if shard not in self._counted:
-                continue
-            documents = min(documents, self._sizes[shard] - self._counted[shard])
-            if documents > 0:
-                self._counted[shard] += documents
-                self.reporter.advance(0, documents, shard=shard, status=STATUS_RUNNING)
-
-    def started(self, shard: str, size: int) -> None:
-        """``shard``'s task was started, for ``size`` documents: what lands from it counts."""
-        self._counted.setdefault(shard, 0)
-        self._sizes[shard] = size
-
-    def bind(self, run_id: str) -> None:
-        self.reporter.bind(run_id)
-
-    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
-        self.reporter.message(text, event=event, **fields)
-
-    def start(self, shards: int, documents: int) -> None:
-        self.reporter.start(shards, documents)
-
-    def advance(self, shards: int, documents: int, **fields: Any) -> None:
-        counted = self._counted.pop(fields.get("shard", ""), 0)
-        self.reporter.advance(shards, max(0, documents - counted), **fields)
-
-    def stop(self) -> None:
-        self.reporter.stop()
-
-    def finish(self, report: dict[str, Any]) -> None:
-        self.reporter.finish(report)

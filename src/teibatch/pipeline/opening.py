@@ -9,9 +9,11 @@ times). :class:`Opening` starts them first and meets the servers meanwhile. Its 
    processes start while the id index is read or the fleet comes up;
 1. :class:`Opening` (built): the senders' (unless prelaunched) and the first workers' processes start;
 2. :meth:`Opening.meet`: the servers' ``/info``; the senders' plans are built (once) and given to
-   the senders, which connect to their servers; then the probe, which shows the vector size;
-3. :meth:`Opening.send`: the senders are told the vector size: the first shard task's chunks,
-   waiting in them, go;
+   the senders, which connect to their servers; once they have and the first workers have
+   started, the probe, which shows the vector size (a server's first batch: from it on, nothing
+   waits for a process to start);
+3. :meth:`Opening.send`: the senders are told the vector size: the first shard task's chunks go
+   as soon as they come;
 4. :meth:`Opening.wait_for_workers`: the warmed workers are free again for the first shard tasks;
 
 and, at the end of the run, :meth:`Opening.close` takes the senders' reports and stops them.
@@ -34,8 +36,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.dedup import Dedup
-from teibatch.pipeline.landed import start_landed
-from teibatch.pipeline.senders.actor import launch_senders, probed_senders, start_senders, stop_senders
+from teibatch.pipeline.senders.actor import launch_senders, prepare_senders, probed_senders, stop_senders
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
 from teibatch.pipeline.shard import as_shard_work, warm_worker
 from teibatch.pipeline.unique_ids import IdIndex
@@ -49,13 +50,12 @@ WARM_UP_TIMEOUT_S = 60.0
 class EarlyActors:
     """The run's actors that need no server to start, started as soon as Ray is up where that is
     before the servers are (while the id index is read, or the fleet comes up): the senders
-    (:func:`prelaunch_senders`), the dedup registry and the landed-documents registry. An actor
+    (:func:`prelaunch_senders`) and the dedup registry. An actor
     process takes about half a second of CPU to start; started with the first shard task, they
     took it from the task and the senders while the servers waited for their first batches."""
 
     senders: list[Any] = field(default_factory=list)
     dedup: Dedup | None = None
-    landed: Any = None
 
     @classmethod
     def start(cls, job: JobSpec, *, senders: bool = True, ids: IdIndex | None = None,
@@ -64,19 +64,18 @@ class EarlyActors:
         with their servers). The dedup registry by :func:`run_dedup` with the run's id index ``ids``;
         ``index_coming``: not yet, the index is being read (then :meth:`index_read`)."""
         dedup = None if index_coming else run_dedup(job, ids)
-        return cls(prelaunch_senders(job) if senders else [], dedup, start_landed())
+        return cls(prelaunch_senders(job) if senders else [], dedup)
 
     def index_read(self, job: JobSpec, ids: IdIndex | None) -> None:
         """The run's id index is read: the dedup registry starts, if the run needs one (:func:`run_dedup`)."""
         self.dedup = run_dedup(job, ids)
 
     def stop(self) -> None:
-        """Stop every actor still here: those no opening or shard context took, and the registries
-        once the run is over (stopping one twice is harmless)."""
+        """Stop every actor still here: the senders no opening took, and the dedup registry once the
+        run is over (stopping one twice is harmless)."""
         stop_prelaunched(self.senders)
-        for actor in (self.dedup.registry if self.dedup is not None else None, self.landed):
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
+        if self.dedup is not None and self.dedup.registry is not None:
+            ray.kill(self.dedup.registry, no_restart=True)
 
 
 def run_dedup(job: JobSpec, ids: IdIndex | None) -> Dedup | None:
@@ -140,6 +139,7 @@ class Opening:
         warm = as_shard_work(warm_worker)
         self._workers = [warm.remote() for _ in range(_workers_to_warm(self.one_machine, shards))]
         self._unprobed: list[SenderRef] = []
+        self.waited = 0.0  # seconds the opening waited for its processes (the senders', the workers')
 
     def meet(self) -> Fleet:
         """Meet the servers: ``/info``, the senders' plans and the first texts, then the probe."""
@@ -149,25 +149,43 @@ class Opening:
                        before_probe=self._plan_senders)
 
     def _plan_senders(self, servers: ServersMet) -> None:
-        """Before the servers' first embedding: the senders' plans, built once, given to the senders."""
+        """Before the servers' first embedding: the senders' plans, built once, given to the senders;
+        then the wait for the senders to connect and the first workers to start.
+
+        Waited for here, not after the probe: a server that has answered its first batch would
+        otherwise sit idle while those processes start (a second or more on a busy machine), and
+        the run's time is the same either way.
+        """
         job = self.job
         whole = SenderPlan(tuple(ServerPlan(s.endpoint, server_limits(job, s)) for s in servers.servers),
                            servers.route, self.options, None, servers.model_id, job.servers.api_key_env,
                            job.client.request_timeout, job.client.max_retries)
-        self._unprobed = start_senders(plan_senders(whole), self.actors)
+        self._unprobed, prepared = prepare_senders(plan_senders(whole), self.actors)
+        self._wait_for([*prepared, *self._workers])
 
     def send(self, fleet: Fleet) -> list[SenderRef]:
         """The senders, told the servers' vector size (the chunks waiting in them go now)."""
         return probed_senders(self._unprobed, fleet.dimension)
 
     def wait_for_workers(self) -> float:
-        """Wait (at most :data:`WARM_UP_TIMEOUT_S`) for the warmed workers; the seconds waited.
+        """Wait (at most :data:`WARM_UP_TIMEOUT_S`) for the warmed workers; the seconds waited now
+        (none where :meth:`meet` already waited for them; :attr:`waited` counts both waits).
 
         A worker that failed to warm up is found by the first shard task sent to it.
         """
+        return self._wait_for(self._workers)
+
+    def _wait_for(self, refs: list[Any]) -> float:
+        """Wait (at most :data:`WARM_UP_TIMEOUT_S`) for all of ``refs``; the seconds waited (added to :attr:`waited`).
+
+        A process that failed is found by the first call that needs it (a sender by the first chunk).
+        """
         waiting = time.monotonic()
-        ray.wait(self._workers, num_returns=len(self._workers), timeout=WARM_UP_TIMEOUT_S)
-        return time.monotonic() - waiting
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=WARM_UP_TIMEOUT_S)
+        seconds = time.monotonic() - waiting
+        self.waited += seconds
+        return seconds
 
     def close(self) -> dict[str, dict[str, object]]:
         """Per server, what the senders did (their reports); the senders stopped."""

@@ -250,3 +250,53 @@ class LiveReporter(SilentReporter):
         if self._task is not None:
             self.progress.stop()
             self._task = None
+
+
+STATUS_RUNNING = "running"
+"""The status of an ``advance`` that counts documents landed inside a shard still running."""
+
+
+class InShardProgress(SilentReporter):
+    """Passes every event on to ``reporter``; documents landed inside running shards go as
+    ``advance(0, n, shard=…, status="running")``, and a shard's final ``advance`` carries only what was
+    not counted before, so the documents add up to the shards' sizes."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self._counted: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
+
+    def landed(self, counts: dict[str, int]) -> None:
+        """Documents that landed per running shard since the last call (never more than its size: a
+        task Ray ran again counts from its start again)."""
+        for shard, documents in counts.items():
+            if shard not in self._counted:
+                continue
+            documents = min(documents, self._sizes[shard] - self._counted[shard])
+            if documents > 0:
+                self._counted[shard] += documents
+                self.reporter.advance(0, documents, shard=shard, status=STATUS_RUNNING)
+
+    def started(self, shard: str, size: int) -> None:
+        """``shard``'s task was started, for ``size`` documents: what lands from it counts."""
+        self._counted.setdefault(shard, 0)
+        self._sizes[shard] = size
+
+    def bind(self, run_id: str) -> None:
+        self.reporter.bind(run_id)
+
+    def message(self, text: str, *, event: str = "message", **fields: Any) -> None:
+        self.reporter.message(text, event=event, **fields)
+
+    def start(self, shards: int, documents: int) -> None:
+        self.reporter.start(shards, documents)
+
+    def advance(self, shards: int, documents: int, **fields: Any) -> None:
+        counted = self._counted.pop(fields.get("shard", ""), 0)
+        self.reporter.advance(shards, max(0, documents - counted), **fields)
+
+    def stop(self) -> None:
+        self.reporter.stop()
+
+    def finish(self, report: dict[str, Any]) -> None:
+        self.reporter.finish(report)

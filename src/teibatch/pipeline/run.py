@@ -38,12 +38,12 @@ from teibatch.pipeline.connect import Fleet, connect
 from teibatch.pipeline.context import ShardContext
 from teibatch.pipeline.interrupts import Interrupts, catch_interrupts, reinstall
 from teibatch.pipeline.kept_types import output_kept_fields
-from teibatch.pipeline.landed import InShardProgress, LandedPoll
+from teibatch.pipeline.landed import LandedPoll
 from teibatch.pipeline.moved_texts import index_moved_texts
 from teibatch.pipeline.opening import EarlyActors, Opening, server_limits
 from teibatch.pipeline.plan import check_cost_limit, estimate_run
 from teibatch.pipeline.plan_chunks import chunks_per_document
-from teibatch.pipeline.progress import Reporter, Reporters, SilentReporter
+from teibatch.pipeline.progress import InShardProgress, Reporter, Reporters, SilentReporter
 from teibatch.pipeline.ramp import FIRST_TASK_ALONE_S, TaskRamp
 from teibatch.pipeline.ray_runtime import RayStart, ray_session
 from teibatch.pipeline.replacements import ServerWatch, meet_replacements
@@ -341,12 +341,12 @@ class Run:
                     self.check_same_vectors(fleet)  # servers the output cannot take get no work
                     senders = opening.send(fleet)
                     clock = time.monotonic()
-                    summary.timings["fleet_up_s"] = up_s + clock - met
                     context = self.shard_context(fleet, counter, kept, pending, senders, early)
                     waited = opening.wait_for_workers()
-                    # What the warm-up added: its start and its waits (otherwise it overlapped with meeting the
-                    # servers and sending the first texts).
-                    summary.timings["warm_up_s"] = met - opening.started + waited
+                    # Meeting the servers, less the opening's waits for its processes (made between /info and
+                    # the probe); what the warm-up added: its start and those waits.
+                    summary.timings["fleet_up_s"] = up_s + clock - met - (opening.waited - waited)
+                    summary.timings["warm_up_s"] = met - opening.started + opening.waited
                     reporter.start(len(pending), sum(s.size for s in pending))
                     with self.server_watch(fleet, options, senders):
                         self.schedule(_tasks(job, senders, pending, per_document), context, tuple(senders),
@@ -401,7 +401,8 @@ class Run:
         return ShardContext(corpus=corpus, hash_options=hash_options, schema=schema,
                             write=WriteOptions(job.output.compression, job.output.row_group_size),
                             output=job.output.path, output_options=dict(job.output.storage_options), kept=kept,
-                            chunking=chunking, dedup=early.dedup, moved=moved, landed=early.landed, ids=self.ids)
+                            chunking=chunking, dedup=early.dedup, moved=moved, ids=self.ids,
+                            landed=senders[0].actor if senders else None)
 
     def server_watch(self, fleet: Fleet, options: EmbedOptions,
                      senders: Sequence[SenderRef]) -> AbstractContextManager[object]:

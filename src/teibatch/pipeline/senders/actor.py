@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from teibatch.crashpoints import task_environment
 from teibatch.endpoint import Endpoint
+from teibatch.pipeline.landed import LandedDocuments
 from teibatch.pipeline.senders.core import CONNECTIONS_AHEAD, SenderCore, ServerClients, Streams
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan
 from teibatch.tei import EmbedResult, tls_context
@@ -39,6 +40,7 @@ class SenderActor:
         self.core: SenderCore | None = None
         self.streams = Streams()
         self.clients = ServerClients()
+        self.landed = LandedDocuments()
         self._https = any(server.url.startswith("https:") for server in servers)
         self._probed = asyncio.Event()
         self._connecting: asyncio.Task[None] | None = None
@@ -103,6 +105,15 @@ class SenderActor:
         """A replacement announced with :meth:`lose` will not come."""
         self._core(plan).not_coming()
 
+    async def add_landed(self, shard: str, documents: int) -> None:
+        """A shard task's documents that now have all their vectors, kept for the driver's progress
+        (``pipeline/landed.py``: the run's first sender keeps them)."""
+        self.landed.add_landed(shard, documents)
+
+    async def take_landed(self) -> dict[str, int]:
+        """The landed documents per shard since last taken (:meth:`add_landed`)."""
+        return self.landed.take_landed()
+
     async def stats(self) -> dict[str, dict[str, object]]:
         return self.core.stats() if self.core is not None else {}
 
@@ -134,14 +145,20 @@ def launch_senders(groups: Sequence[Sequence[Endpoint]], api_key_env: str | None
 
 def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = None) -> list[SenderRef]:
     """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones."""
+    return prepare_senders(plans, actors)[0]
+
+
+def prepare_senders(plans: Sequence[SenderPlan],
+                    actors: Sequence[Any] | None = None) -> tuple[list[SenderRef], list[ray.ObjectRef[None]]]:
+    """:func:`start_senders`, and for each sender the call that ends once it has its plan and has
+    connected to its servers (``SenderActor.prepare``), to wait for."""
     if actors is None:
         actors = launch_senders([[p.endpoint for p in plan.servers] for plan in plans],
                                 plans[0].api_key_env if plans else None)
     if len(actors) != len(plans):
         raise ValueError(f"{len(plans)} sender plans for {len(actors)} sender actors")
-    for actor, plan in zip(actors, plans, strict=True):
-        actor.prepare.remote(plan)
-    return [SenderRef(actor, plan) for actor, plan in zip(actors, plans, strict=True)]
+    prepared = [actor.prepare.remote(plan) for actor, plan in zip(actors, plans, strict=True)]
+    return [SenderRef(actor, plan) for actor, plan in zip(actors, plans, strict=True)], prepared
 
 
 def probed_senders(senders: Sequence[SenderRef], dimension: int) -> list[SenderRef]:
