@@ -353,6 +353,20 @@ def test_senders_started_before_the_fleet_are_its_senders_when_it_has_the_server
         opening.close()
 
 
+def test_workers_warmed_while_the_fleet_comes_up_are_the_opening_s(tmp_path: Path, ray_session: None) -> None:
+    job = load_job(static_job(tmp_path, ["http://127.0.0.1:9"]))
+    early = EarlyActors.start(job, senders=False)
+    early.warm_workers(shards=4)
+    assert len(early.workers) == 1  # one machine: one; the ramp starts the others (pipeline/ramp.py)
+    assert ray.get(early.workers, timeout=60) == [None]
+    opening = Opening(job, EmbedOptions(), [Endpoint("http://127.0.0.1:9")], shards=4, warming=early.workers)
+    try:
+        assert opening.workers == early.workers  # none started again
+    finally:
+        opening.close()
+        early.stop()
+
+
 def test_the_run_s_early_actors_all_stop(tmp_path: Path, ray_session: None) -> None:
     job = load_job(static_job(tmp_path, ["http://127.0.0.1:9"]))
     early = EarlyActors.start(job)

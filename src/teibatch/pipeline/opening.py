@@ -5,9 +5,10 @@ first shard workers' (Ray starts each one, which then imports its modules; docs/
 times). :class:`Opening` starts them first and meets the servers meanwhile. Its steps, which
 ``pipeline/run.py`` takes in this order:
 
-0. :class:`EarlyActors`, where Ray is up before the servers are: the senders' and the registries'
-   processes start while the id index is read or the fleet comes up;
-1. :class:`Opening` (built): the senders' (unless prelaunched) and the first workers' processes start;
+0. :class:`EarlyActors`, where Ray is up before the servers are: the senders' and the dedup
+   registry's processes start while the id index is read or the fleet comes up, and the first
+   workers' while the fleet comes up (:meth:`EarlyActors.warm_workers`);
+1. :class:`Opening` (built): the senders' and the first workers' processes start (unless started early);
 2. :meth:`Opening.meet`: the servers' ``/info``; the senders' plans are built (once) and given to
    the senders, which connect to their servers; once they have and the first workers have
    started, the probe, which shows the vector size (a server's first batch: from it on, nothing
@@ -56,6 +57,7 @@ class EarlyActors:
 
     senders: list[Any] = field(default_factory=list)
     dedup: Dedup | None = None
+    workers: list[Any] = field(default_factory=list)  # warm-up tasks (:meth:`warm_workers`)
 
     @classmethod
     def start(cls, job: JobSpec, *, senders: bool = True, ids: IdIndex | None = None,
@@ -65,6 +67,11 @@ class EarlyActors:
         ``index_coming``: not yet, the index is being read (then :meth:`index_read`)."""
         dedup = None if index_coming else run_dedup(job, ids)
         return cls(prelaunch_senders(job) if senders else [], dedup)
+
+    def warm_workers(self, shards: int) -> None:
+        """Start the first workers' processes now (:func:`warm_workers`), while the fleet comes up:
+        the servers, once up, need not wait for them."""
+        self.workers = warm_workers(shards)
 
     def index_read(self, job: JobSpec, ids: IdIndex | None) -> None:
         """The run's id index is read: the dedup registry starts, if the run needs one (:func:`run_dedup`)."""
@@ -121,13 +128,14 @@ class Opening:
 
     ``prelaunched``: sender actors from :func:`prelaunch_senders`; used when the fleet came up with
     as many senders' worth of servers as the job asked for, else stopped and others started.
+    ``warming``: warm-up tasks from :func:`warm_workers`, started earlier; none: started now.
     """
 
     def __init__(self, job: JobSpec, options: EmbedOptions, endpoints: Sequence[Endpoint], shards: int,
-                 prelaunched: Sequence[Any] = ()) -> None:
+                 prelaunched: Sequence[Any] = (), warming: Sequence[Any] = ()) -> None:
         self.job, self.options, self.endpoints = job, options, list(endpoints)
         self.started = time.monotonic()
-        self.one_machine = sum(1 for node in ray.nodes() if node.get("Alive")) == 1
+        self.one_machine = on_one_machine()
         groups = split_servers(self.endpoints)
         if len(prelaunched) == len(groups):
             self.actors = list(prelaunched)  # they connect to their servers when their plans come
@@ -136,8 +144,7 @@ class Opening:
             self.actors = launch_senders(groups, job.servers.api_key_env)
             for actor in self.actors:
                 actor.warm.remote()
-        warm = as_shard_work(warm_worker)
-        self._workers = [warm.remote() for _ in range(_workers_to_warm(self.one_machine, shards))]
+        self.workers = list(warming) or warm_workers(shards)  # the warm-up tasks of its first workers
         self._unprobed: list[SenderRef] = []
         self.waited = 0.0  # seconds the opening waited for its processes (the senders', the workers')
 
@@ -161,7 +168,7 @@ class Opening:
                            servers.route, self.options, None, servers.model_id, job.servers.api_key_env,
                            job.client.request_timeout, job.client.max_retries)
         self._unprobed, prepared = prepare_senders(plan_senders(whole), self.actors)
-        self._wait_for([*prepared, *self._workers])
+        self._wait_for([*prepared, *self.workers])
 
     def send(self, fleet: Fleet) -> list[SenderRef]:
         """The senders, told the servers' vector size (the chunks waiting in them go now)."""
@@ -173,7 +180,7 @@ class Opening:
 
         A worker that failed to warm up is found by the first shard task sent to it.
         """
-        return self._wait_for(self._workers)
+        return self._wait_for(self.workers)
 
     def _wait_for(self, refs: list[Any]) -> float:
         """Wait (at most :data:`WARM_UP_TIMEOUT_S`) for all of ``refs``; the seconds waited (added to :attr:`waited`).
@@ -201,6 +208,18 @@ def server_limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
         max_inflight_inputs=None if client.max_inflight_inputs == "auto" else client.max_inflight_inputs,
         max_input_length=None if client.max_input_length == "auto" else client.max_input_length,
         payload_limit=server.endpoint.payload_limit or client.payload_limit)
+
+
+def warm_workers(shards: int) -> list[Any]:
+    """Warm-up tasks (:func:`~teibatch.pipeline.shard.warm_worker`) that start the processes of a run's
+    first shard tasks (of ``shards``); their refs, to wait for."""
+    warm = as_shard_work(warm_worker)
+    return [warm.remote() for _ in range(_workers_to_warm(on_one_machine(), shards))]
+
+
+def on_one_machine() -> bool:
+    """Whether the Ray cluster is one machine (one live node)."""
+    return sum(1 for node in ray.nodes() if node.get("Alive")) == 1
 
 
 def _workers_to_warm(one_machine: bool, shards: int) -> int:

@@ -317,9 +317,9 @@ class Run:
         per_document = chunks_per_document(job, pending)  # what a document sends: tasks are sized by it
         if supports(provider, Capability.SWEEP):
             ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
-        # Where Ray is up already, the actors' processes start while the servers do.
-        if early is None and ray_start.ready:
-            early = EarlyActors.start(job, ids=self.ids)
+        if ray_start.ready:  # the actors' and the first workers' processes start while the servers do
+            early = early or EarlyActors.start(job, ids=self.ids)
+            early.warm_workers(len(pending))
         clock = time.monotonic()
         try:
             with fleet_session(job, provider, summary.run_id) as endpoints:
@@ -332,7 +332,7 @@ class Run:
                 interrupts.check()
                 if early is None:  # Ray came up after the servers: the registries start with the senders
                     early = EarlyActors.start(job, senders=False, ids=self.ids)
-                opening = Opening(job, options, endpoints, len(pending), early.senders)
+                opening = Opening(job, options, endpoints, len(pending), early.senders, early.workers)
                 early.senders = []  # the opening's now: it stops them
                 context: ShardContext | None = None
                 try:
