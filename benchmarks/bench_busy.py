@@ -13,7 +13,8 @@ Each scenario starts fresh built-in servers with ``--simulate-gpu RATE`` (a batc
 Printed per scenario: the servers' busy share (model-busy seconds over the span from their first
 batch to their last, read from each server's own ``/teibatch/stats``; the mean and the lowest),
 each contestant's time, the ratio, and what teibatch's report says per server (mean inputs per
-request, most inputs in flight seen). Targets: busy share >= 0.95, teibatch never slower than the loop.
+request, most inputs in flight seen), with the server's three longest idle waits between batches.
+Targets: busy share >= 0.95, teibatch never slower than the loop.
 With ``--repeat``, the median of each back-to-back pair's ratio is printed too: the machine's own
 drift between runs (the loop's time alone moves by 0.3 s from round to round) cancels out of it.
 
@@ -87,13 +88,20 @@ def server_stats(url: str) -> dict[str, object]:
     return dict(httpx.get(f"{url}/teibatch/stats", timeout=10).json())
 
 
-def busy_shares(urls: list[str]) -> list[float]:
-    shares = []
+def busy_shares(urls: list[str]) -> tuple[list[float], dict[str, list[dict[str, float]]]]:
+    """Each server's busy share, and its longest idle waits between batches (``longest_idle_gaps``)."""
+    shares, gaps = [], {}
     for url in urls:
         stats = server_stats(url)
         span = float(stats["serving_span_seconds"])  # type: ignore[arg-type]
         shares.append(float(stats["model_busy_seconds"]) / span if span > 0 else 0.0)  # type: ignore[arg-type]
-    return shares
+        gaps[url] = list(stats["longest_idle_gaps"])  # type: ignore[call-overload]
+    return shares, gaps
+
+
+def _waits(gaps: list[dict[str, float]]) -> str:
+    """A server's longest idle waits between batches, as ``0.21 s at 0.0 s`` (from its first batch)."""
+    return ", ".join(f"{g['seconds']:.2f} s at {g['after_first_batch_s']:.1f} s" for g in gaps[:3]) or "none"
 
 
 def wait_quiet(threshold: float = 50.0, limit_s: float = 60.0) -> None:
@@ -144,6 +152,7 @@ def write_vectors(path: Path, ids: list[str], vectors: list[list[float]]) -> Non
 class Result:
     seconds: float
     shares: list[float]
+    gaps: dict[str, list[dict[str, float]]]  # per server, its longest idle waits between batches
     report: dict[str, dict[str, object]] = field(default_factory=dict)
     sending_seconds: float | None = None  # the loop only: its time without reading and writing
 
@@ -167,7 +176,7 @@ def run_teibatch(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Re
         # From the moment Ray and the servers are both ready: the senders' and workers' start, the
         # handshake (the whole of fleet_up_s for servers that are already running), the embedding.
         seconds = sum(summary.timings[k] for k in ("warm_up_s", "fleet_up_s", "embed_s"))
-        return Result(seconds, busy_shares([e.url for e in endpoints]), summary.servers)
+        return Result(seconds, *busy_shares([e.url for e in endpoints]), report=summary.servers)
     finally:
         provider.down()
 
@@ -186,7 +195,7 @@ def run_loop(scenario: Scenario, rate: float, corpus: Path, tmp: Path) -> Result
         assert all(vectors), f"the loop embedded {sum(map(bool, vectors))} of {len(texts)}"
         write_vectors(tmp / f"loop-{scenario.name}.parquet", ids, vectors)
         seconds = time.monotonic() - started
-        return Result(seconds, busy_shares([e.url for e in endpoints]), sending_seconds=sent - sending)
+        return Result(seconds, *busy_shares([e.url for e in endpoints]), sending_seconds=sent - sending)
     finally:
         provider.down()
 
@@ -233,7 +242,7 @@ def main() -> None:
             print(f"  {url}: {stats['requests']} requests, {stats['mean_inputs_per_request']} inputs/request, "
                   f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}, "
                   f"mean in flight {stats['mean_in_flight']}, copies answered first {stats.get('copies_won')} of "
-                  f"{stats.get('copies')}")
+                  f"{stats.get('copies')}; longest idle waits {_waits(ours.gaps.get(url, []))}")
     print("\n| scenario | teibatch s | loop s | ratio | median pair ratio | busy share teibatch (min) "
           "| busy share loop (min) |")
     print("|---|---|---|---|---|---|---|")

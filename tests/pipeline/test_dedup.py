@@ -150,6 +150,9 @@ def test_the_run_starts_a_registry_only_where_some_text_is_in_two_shards(
     apart = IdIndex(str(tmp_path), "_ids/x", {}, texts=True)
     assert run_dedup(job, apart) == Dedup.within_shards()
     assert run_dedup(plain, apart) is None
+    # One shard to embed: no other shard of the run can hold its texts, whatever the index says.
+    assert run_dedup(job, None, pending=1) == Dedup.within_shards()
+    assert run_dedup(plain, None, pending=1) is None
     for ids in (None, dataclasses.replace(apart, shared={"s": (0, (1,))}), dataclasses.replace(apart, texts=False)):
         dedup = run_dedup(job, ids)
         assert dedup is not None and dedup.registry is not None

@@ -12,7 +12,7 @@ import pytest
 from teibatch.server.backends.hashing import HashingEmbedder
 from teibatch.server.batching import BatchQueue
 from teibatch.server.config import ServerConfig
-from teibatch.server.metrics import Metrics
+from teibatch.server.metrics import IDLE_GAPS_KEPT, Metrics
 
 
 async def _run(config: ServerConfig, requests: list[list[str]], backend: object = None) -> tuple[Metrics, float]:
@@ -84,3 +84,19 @@ def test_queue_size_metric_shows_waiting_inputs() -> None:
             time.sleep(0.01)
         thread.join(10)
     assert seen > 0
+
+
+def test_stats_list_the_longest_idle_waits_between_batches() -> None:
+    metrics = Metrics()
+    assert metrics.stats(inflight_inputs=0, queue_size=0)["longest_idle_gaps"] == []
+    # Batches at 10-11, 11-12 (no wait), 12.5-13, 20-21, then six more each after a wait of 0.1 s.
+    for started, finished in [(10, 11), (11, 12), (12.5, 13), (20, 21)] + [(21.1 + i, 22 + i) for i in range(6)]:
+        metrics.model_busy(started, finished)
+    stats = metrics.stats(inflight_inputs=0, queue_size=0)
+    gaps = stats["longest_idle_gaps"]
+    assert len(gaps) == IDLE_GAPS_KEPT
+    assert [g["seconds"] for g in gaps[:2]] == [7.0, 0.5]
+    assert [g["after_first_batch_s"] for g in gaps[:2]] == [3.0, 2.0]
+    assert all(abs(g["seconds"] - 0.1) < 1e-9 for g in gaps[2:])
+    assert stats["model_busy_seconds"] == 3.5 + 6 * 0.9
+    assert stats["serving_span_seconds"] == 17.0

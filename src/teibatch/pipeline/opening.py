@@ -61,21 +61,22 @@ class EarlyActors:
 
     @classmethod
     def start(cls, job: JobSpec, *, senders: bool = True, ids: IdIndex | None = None,
-              index_coming: bool = False) -> EarlyActors:
+              index_coming: bool = False, pending: int | None = None) -> EarlyActors:
         """The actors of ``job``'s run (``senders``: the senders too; else the opening starts them,
-        with their servers). The dedup registry by :func:`run_dedup` with the run's id index ``ids``;
-        ``index_coming``: not yet, the index is being read (then :meth:`index_read`)."""
-        dedup = None if index_coming else run_dedup(job, ids)
+        with their servers). The dedup registry by :func:`run_dedup` with the run's id index ``ids``
+        and its ``pending`` shards; ``index_coming``: not yet, the index is being read (then
+        :meth:`index_read`)."""
+        dedup = None if index_coming else run_dedup(job, ids, pending)
         return cls(prelaunch_senders(job) if senders else [], dedup)
 
     def warm_workers(self, shards: int) -> None:
         """Start the first workers' processes now (:func:`warm_workers`), while the fleet comes up:
         the servers, once up, need not wait for them."""
-        self.workers = warm_workers(shards)
+        self.workers = warm_workers(shards, self.senders)
 
-    def index_read(self, job: JobSpec, ids: IdIndex | None) -> None:
+    def index_read(self, job: JobSpec, ids: IdIndex | None, pending: int | None = None) -> None:
         """The run's id index is read: the dedup registry starts, if the run needs one (:func:`run_dedup`)."""
-        self.dedup = run_dedup(job, ids)
+        self.dedup = run_dedup(job, ids, pending)
 
     def stop(self) -> None:
         """Stop every actor still here: the senders no opening took, and the dedup registry once the
@@ -85,13 +86,14 @@ class EarlyActors:
             ray.kill(self.dedup.registry, no_restart=True)
 
 
-def run_dedup(job: JobSpec, ids: IdIndex | None) -> Dedup | None:
-    """``job``'s deduplication: none without ``corpus.deduplicate``; no registry where the id index
-    ``ids`` read every text and found none that two shards hold (:meth:`Dedup.within_shards`); else
-    the run's registry actor."""
+def run_dedup(job: JobSpec, ids: IdIndex | None, pending: int | None = None) -> Dedup | None:
+    """``job``'s deduplication: none without ``corpus.deduplicate``; no registry where the run
+    embeds one shard (``pending``: how many it embeds, where known) or where the id index ``ids``
+    read every text and found none that two shards hold (:meth:`Dedup.within_shards`); else the
+    run's registry actor."""
     if not job.corpus.deduplicate:
         return None
-    if ids is not None and ids.texts and not ids.shared:
+    if (pending is not None and pending <= 1) or (ids is not None and ids.texts and not ids.shared):
         return Dedup.within_shards()
     return Dedup.for_run(job.client.request_timeout)
 
@@ -144,7 +146,7 @@ class Opening:
             self.actors = launch_senders(groups, job.servers.api_key_env)
             for actor in self.actors:
                 actor.warm.remote()
-        self.workers = list(warming) or warm_workers(shards)  # the warm-up tasks of its first workers
+        self.workers = list(warming) or warm_workers(shards, self.actors)  # the warm-up tasks of its first workers
         self._unprobed: list[SenderRef] = []
         self.waited = 0.0  # seconds the opening waited for its processes (the senders', the workers')
 
@@ -210,11 +212,11 @@ def server_limits(job: JobSpec, server: ConnectedServer) -> ClientLimits:
         payload_limit=server.endpoint.payload_limit or client.payload_limit)
 
 
-def warm_workers(shards: int) -> list[Any]:
+def warm_workers(shards: int, senders: Sequence[Any] = ()) -> list[Any]:
     """Warm-up tasks (:func:`~teibatch.pipeline.shard.warm_worker`) that start the processes of a run's
     first shard tasks (of ``shards``); their refs, to wait for."""
     warm = as_shard_work(warm_worker)
-    return [warm.remote() for _ in range(_workers_to_warm(on_one_machine(), shards))]
+    return [warm.remote(senders) for _ in range(_workers_to_warm(on_one_machine(), shards))]
 
 
 def on_one_machine() -> bool:

@@ -253,12 +253,13 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], manifest: M
     clock = time.monotonic()
     ray_start = ray_scope.enter_context(ray_session(ray_address, summary))
     ray_start.wait()
-    early = EarlyActors.start(job, index_coming=True) if any(s.id not in manifest.shards for s in shards) else None
+    pending = sum(1 for s in shards if s.id not in manifest.shards)
+    early = EarlyActors.start(job, index_coming=True) if pending else None
     if early is not None:
         ray_scope.callback(early.stop)
     ids = build_id_index(store, output_options, job.corpus_options(), shards, texts)
     if early is not None:
-        early.index_read(job, ids)
+        early.index_read(job, ids, pending)
     summary.timings["id_index_s"] = time.monotonic() - clock
     return ids, ray_start, early
 
@@ -318,7 +319,7 @@ class Run:
         if supports(provider, Capability.SWEEP):
             ray_start.wait()  # rented or remote hosts: nobody pays for them while Ray may still fail to start
         if ray_start.ready:  # the actors' and the first workers' processes start while the servers do
-            early = early or EarlyActors.start(job, ids=self.ids)
+            early = early or EarlyActors.start(job, ids=self.ids, pending=len(pending))
             early.warm_workers(len(pending))
         clock = time.monotonic()
         try:
@@ -331,7 +332,7 @@ class Run:
                 reinstall(interrupts)
                 interrupts.check()
                 if early is None:  # Ray came up after the servers: the registries start with the senders
-                    early = EarlyActors.start(job, senders=False, ids=self.ids)
+                    early = EarlyActors.start(job, senders=False, ids=self.ids, pending=len(pending))
                 opening = Opening(job, options, endpoints, len(pending), early.senders, early.workers)
                 early.senders = []  # the opening's now: it stops them
                 context: ShardContext | None = None

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,14 +128,19 @@ def shard_task(shards: tuple[Shard, ...], context: ShardContext, senders: tuple[
     return [dataclasses.replace(o, node=node) if isinstance(o, ShardOutcome) else _portable(o) for o in outcomes]
 
 
-def warm_worker() -> None:
+def warm_worker(senders: Sequence[Any] = ()) -> None:
     """A Ray task that readies a worker process for the shard tasks that follow it.
 
-    A worker's first task waits for Ray to load the function and, with it, this module
-    and its imports: that loading is this task's whole work. The driver runs it as it meets the
-    servers (``pipeline/opening.py``), so that the first shard tasks start at once on the same worker.
+    A worker's first task waits for Ray to load the function and, with it, this module and its
+    imports; and a process's first call to an actor waits for Ray to find the actor and connect to
+    it (with the actor's handle in a task's arguments, that task started ~140 ms after it was sent,
+    on 2 busy cores). This task does both, calling each of ``senders`` once (best effort: a sender
+    that is gone is the shard tasks' concern). The driver runs it before it probes the servers
+    (``pipeline/opening.py``), so that the first shard tasks start at once on the same worker.
     The worker's priority is left alone: Ray may give the process to a sender next.
     """
+    with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+        ray.get([sender.stats.remote() for sender in senders], timeout=30)
 
 
 def as_shard_work(function: Callable[..., Any]) -> Any:

@@ -19,6 +19,7 @@ All updates happen on the event loop thread, so plain dicts and ints are enough.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from collections import Counter
 from typing import Any
@@ -30,6 +31,9 @@ _DURATION_BUCKETS = [1.5e-5 * 1.5**k for k in range(40)]
 _LENGTH_BUCKETS = [float(2**k) for k in range(0, 21)]
 
 Labels = tuple[tuple[str, str], ...]
+
+IDLE_GAPS_KEPT = 5
+"""How many of the longest idle waits between batches ``/teibatch/stats`` lists."""
 
 
 def text_digest(item: str | tuple[int, ...] | list[int]) -> str:
@@ -96,6 +100,9 @@ class Metrics:
         self.busy_seconds = 0.0
         self.first_batch_started: float | None = None
         self.last_batch_finished: float | None = None
+        # The longest waits between one batch's end and the next one's start, as (seconds, start of the
+        # wait): where a client let the model sit idle.
+        self.idle_gaps: list[tuple[float, float]] = []
         self.texts: Counter[str] = Counter()
         for kind in VIOLATION_KINDS:
             self.inc("teibatch_violation_total", kind=kind, by=0)
@@ -132,6 +139,12 @@ class Metrics:
         self.busy_seconds += finished - started
         if self.first_batch_started is None:
             self.first_batch_started = started
+        elif self.last_batch_finished is not None and started > self.last_batch_finished:
+            gap = (started - self.last_batch_finished, self.last_batch_finished)
+            if len(self.idle_gaps) < IDLE_GAPS_KEPT:
+                heapq.heappush(self.idle_gaps, gap)
+            elif gap > self.idle_gaps[0]:
+                heapq.heapreplace(self.idle_gaps, gap)
         self.last_batch_finished = finished
 
     def embedded(self, items: list[Any], tokens: int) -> None:
@@ -182,6 +195,9 @@ class Metrics:
             "model_busy_seconds": round(self.busy_seconds, 6),
             "serving_span_seconds": round(self.last_batch_finished - self.first_batch_started, 6)
             if self.first_batch_started is not None and self.last_batch_finished is not None else 0.0,
+            "longest_idle_gaps": [{"seconds": round(seconds, 6), "after_first_batch_s": round(at - first, 6)}
+                                  for seconds, at in sorted(self.idle_gaps, reverse=True)]
+            if (first := self.first_batch_started) is not None else [],
             "violations": dict(self.violations),
             "faults": dict(self.faults),
         }
