@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -82,6 +82,7 @@ class Row:
     busy_mean: float | None = None
     busy_min: float | None = None
     ratio_to_floor: float | None = None
+    idle_waits: list[str] = field(default_factory=list)  # per server: its longest waits between batches
 
     @property
     def docs_per_s(self) -> float:
@@ -199,14 +200,18 @@ def parquet_rows(root: Path) -> int:
     return len(ids)
 
 
-def busy(urls: list[str], key: str) -> tuple[float, float]:
-    """Mean and lowest busy share of the servers: model-busy seconds over their span of serving."""
-    shares = []
+def busy(urls: list[str], key: str) -> tuple[float, float, list[str]]:
+    """Mean and lowest busy share of the servers (model-busy seconds over their span of serving), and
+    per server its three longest idle waits between batches (``longest_idle_gaps``)."""
+    shares, waits = [], []
     for url in urls:
         stats = httpx.get(f"{url}/teibatch/stats", headers={"authorization": f"Bearer {key}"}, timeout=10).json()
         span = float(stats["serving_span_seconds"])
         shares.append(float(stats["model_busy_seconds"]) / span if span > 0 else 0.0)
-    return sum(shares) / len(shares), min(shares)
+        gaps = ", ".join(f"{g['seconds']:.2f} s at {g['after_first_batch_s']:.1f} s"
+                         for g in stats["longest_idle_gaps"][:3])
+        waits.append(f"{url}: {gaps or 'none'}")
+    return sum(shares) / len(shares), min(shares), waits
 
 
 @contextlib.contextmanager
@@ -257,7 +262,8 @@ def run_client(name: str, docs: int, dims: int, corpus: Path, work: Path, real_g
     rows = parquet_rows(out)
     if rows != docs:
         raise SystemExit(f"{name} wrote {rows} rows for {docs} documents")
-    return Row(name, docs, dims, wall, cpu, rows, sampled, *share)
+    mean, lowest, waits = share
+    return Row(name, docs, dims, wall, cpu, rows, sampled, busy_mean=mean, busy_min=lowest, idle_waits=waits)
 
 
 def run_floor(floor: Path, docs: int, dims: int, corpus: Path, work: Path) -> Row:
@@ -304,6 +310,10 @@ def print_table(rows: list[Row], real_gpu: bool) -> None:
         if real_gpu:
             line += (f" {row.busy_mean:.3f} ({row.busy_min:.3f}) |" if row.busy_mean is not None else " – |")
         print(line)
+    for row in rows:
+        if real_gpu and row.idle_waits:
+            print(f"\n{row.contestant}: the servers' longest idle waits between batches (from their first batch)")
+            print("\n".join(f"  {line}" for line in row.idle_waits))
 
 
 def main() -> None:

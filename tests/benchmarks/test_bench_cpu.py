@@ -29,6 +29,8 @@ def test_a_small_run_measures_every_client(tmp_path: Path) -> None:
         assert row["wall_s"] > 0 and row["docs_per_s"] > 0
         assert row["cpu_s"] > 0 and row["cpu_per_million"] == pytest.approx(row["cpu_s"] / 2000 * 1e6)
         assert row["ratio_to_floor"] is None
+        assert 0 < row["busy_min"] <= row["busy_mean"] <= 1
+        assert len(row["idle_waits"]) == 2 and all(w.startswith("http://127.0.0.1:") for w in row["idle_waits"])
     # teibatch's Ray workers sit under the raylet, whose accounting is lost: their CPU comes from sampling.
     assert 0 < rows["teibatch"]["sampled_cpu_s"] < rows["teibatch"]["cpu_s"]
     assert "| teibatch | 2,000 | 384 |" in done.stdout and "| loop | 2,000 | 384 |" in done.stdout
