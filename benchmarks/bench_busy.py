@@ -36,6 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -46,6 +47,7 @@ import pyarrow.parquet as pq
 import ray
 import yaml
 from corpora import write_jsonl_corpus
+from server_stats import busy_share, idle_waits
 
 from teibatch.fleet import LocalProvider
 from teibatch.job import load_job
@@ -84,24 +86,18 @@ SCENARIOS = [
 ]
 
 
-def server_stats(url: str) -> dict[str, object]:
+def server_stats(url: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/teibatch/stats", timeout=10).json())
 
 
-def busy_shares(urls: list[str]) -> tuple[list[float], dict[str, list[dict[str, float]]]]:
+def busy_shares(urls: list[str]) -> tuple[list[float], dict[str, str]]:
     """Each server's busy share, and its longest idle waits between batches (``longest_idle_gaps``)."""
-    shares, gaps = [], {}
+    shares, waits = [], {}
     for url in urls:
         stats = server_stats(url)
-        span = float(stats["serving_span_seconds"])  # type: ignore[arg-type]
-        shares.append(float(stats["model_busy_seconds"]) / span if span > 0 else 0.0)  # type: ignore[arg-type]
-        gaps[url] = list(stats["longest_idle_gaps"])  # type: ignore[call-overload]
-    return shares, gaps
-
-
-def _waits(gaps: list[dict[str, float]]) -> str:
-    """A server's longest idle waits between batches, as ``0.21 s at 0.0 s`` (from its first batch)."""
-    return ", ".join(f"{g['seconds']:.2f} s at {g['after_first_batch_s']:.1f} s" for g in gaps[:3]) or "none"
+        shares.append(busy_share(stats))
+        waits[url] = idle_waits(stats)
+    return shares, waits
 
 
 def wait_quiet(threshold: float = 50.0, limit_s: float = 60.0) -> None:
@@ -152,7 +148,7 @@ def write_vectors(path: Path, ids: list[str], vectors: list[list[float]]) -> Non
 class Result:
     seconds: float
     shares: list[float]
-    gaps: dict[str, list[dict[str, float]]]  # per server, its longest idle waits between batches
+    waits: dict[str, str]  # per server, its longest idle waits between batches (server_stats.idle_waits)
     report: dict[str, dict[str, object]] = field(default_factory=dict)
     sending_seconds: float | None = None  # the loop only: its time without reading and writing
 
@@ -242,7 +238,7 @@ def main() -> None:
             print(f"  {url}: {stats['requests']} requests, {stats['mean_inputs_per_request']} inputs/request, "
                   f"max in flight {stats['max_in_flight']}, client-side busy {stats['busy_share']}, "
                   f"mean in flight {stats['mean_in_flight']}, copies answered first {stats.get('copies_won')} of "
-                  f"{stats.get('copies')}; longest idle waits {_waits(ours.gaps.get(url, []))}")
+                  f"{stats.get('copies')}; longest idle waits {ours.waits.get(url, 'none')}")
     print("\n| scenario | teibatch s | loop s | ratio | median pair ratio | busy share teibatch (min) "
           "| busy share loop (min) |")
     print("|---|---|---|---|---|---|---|")

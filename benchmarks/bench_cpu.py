@@ -54,6 +54,7 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 from corpora import write_jsonl_corpus
+from server_stats import busy_share, idle_waits
 
 from teibatch.fleet import LocalProvider
 
@@ -206,11 +207,8 @@ def busy(urls: list[str], key: str) -> tuple[float, float, list[str]]:
     shares, waits = [], []
     for url in urls:
         stats = httpx.get(f"{url}/teibatch/stats", headers={"authorization": f"Bearer {key}"}, timeout=10).json()
-        span = float(stats["serving_span_seconds"])
-        shares.append(float(stats["model_busy_seconds"]) / span if span > 0 else 0.0)
-        gaps = ", ".join(f"{g['seconds']:.2f} s at {g['after_first_batch_s']:.1f} s"
-                         for g in stats["longest_idle_gaps"][:3])
-        waits.append(f"{url}: {gaps or 'none'}")
+        shares.append(busy_share(stats))
+        waits.append(f"{url}: {idle_waits(stats)}")
     return sum(shares) / len(shares), min(shares), waits
 
 

@@ -153,7 +153,7 @@ async def send_all(plan: SenderPlan, texts: list[str]) -> Measured:
 
 def send_through_ray(plan: SenderPlan, texts: list[str]) -> Measured:
     """Every text through one ``SenderActor``, sent from this process as a shard task sends its texts."""
-    (sender,) = start_senders([plan])
+    (sender,), _ = start_senders([plan])
     try:
         ray.get(sender.actor.warm.remote())
         process = _sender_process()

@@ -271,7 +271,7 @@ def test_a_shard_s_first_chunk_is_sent_before_the_rest_is_read(ray_session: None
     # The texts come from a generator that, once a chunk has been taken, waits (bounded) for the server
     # to see a request: were the texts all read before sending, it would wait in vain and the test fail.
     with running_server(max_client_batch_size=4, max_concurrent_requests=8, simulate_gpu=20_000) as url:
-        (sender,) = start_senders([plan_for([url])])
+        (sender,), _ = start_senders([plan_for([url])])
         try:
             seen_before_the_rest: list[int] = []
 

@@ -37,7 +37,7 @@ from teibatch.endpoint import Endpoint
 from teibatch.job import JobSpec
 from teibatch.pipeline.connect import ConnectedServer, Fleet, ServersMet, connect
 from teibatch.pipeline.dedup import Dedup
-from teibatch.pipeline.senders.actor import launch_senders, prepare_senders, probed_senders, stop_senders
+from teibatch.pipeline.senders.actor import launch_senders, probed_senders, start_senders, stop_senders
 from teibatch.pipeline.senders.plans import SenderPlan, SenderRef, ServerPlan, plan_senders, split_servers
 from teibatch.pipeline.shard import as_shard_work, warm_worker
 from teibatch.pipeline.unique_ids import IdIndex
@@ -169,7 +169,7 @@ class Opening:
         whole = SenderPlan(tuple(ServerPlan(s.endpoint, server_limits(job, s)) for s in servers.servers),
                            servers.route, self.options, None, servers.model_id, job.servers.api_key_env,
                            job.client.request_timeout, job.client.max_retries)
-        self._unprobed, prepared = prepare_senders(plan_senders(whole), self.actors)
+        self._unprobed, prepared = start_senders(plan_senders(whole), self.actors)
         self._wait_for([*prepared, *self.workers])
 
     def send(self, fleet: Fleet) -> list[SenderRef]:

@@ -143,15 +143,11 @@ def launch_senders(groups: Sequence[Sequence[Endpoint]], api_key_env: str | None
     return [actor_class.remote(tuple(servers), api_key_env) for servers in groups]
 
 
-def start_senders(plans: Sequence[SenderPlan], actors: Sequence[Any] | None = None) -> list[SenderRef]:
-    """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones."""
-    return prepare_senders(plans, actors)[0]
-
-
-def prepare_senders(plans: Sequence[SenderPlan],
-                    actors: Sequence[Any] | None = None) -> tuple[list[SenderRef], list[ray.ObjectRef[None]]]:
-    """:func:`start_senders`, and for each sender the call that ends once it has its plan and has
-    connected to its servers (``SenderActor.prepare``), to wait for."""
+def start_senders(plans: Sequence[SenderPlan],
+                  actors: Sequence[Any] | None = None) -> tuple[list[SenderRef], list[ray.ObjectRef[None]]]:
+    """The senders of ``plans``: ``actors`` from :func:`launch_senders` (one per plan), or new ones; and
+    for each sender the call that ends once it has its plan and has connected to its servers
+    (``SenderActor.prepare``), to wait for."""
     if actors is None:
         actors = launch_senders([[p.endpoint for p in plan.servers] for plan in plans],
                                 plans[0].api_key_env if plans else None)
