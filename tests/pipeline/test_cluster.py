@@ -21,7 +21,10 @@ def test_shards_run_on_several_nodes_into_one_output(tmp_path: Path, two_node_cl
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
         "corpus": {"path": str(tmp_path / "c"), "id_field": "id", "shard_docs": 5},
-        "servers": {"provider": "local", "count": 2}, "output": {"path": str(out)},
+        # Each batch takes 0.4 s: one node alone cannot finish the shards before the other's worker is up.
+        "servers": {"provider": "local", "count": 2, "server_args": ["--simulate-gpu", "100000",
+                                                                     "--batch-overhead-s", "0.4"]},
+        "output": {"path": str(out)},
         "limits": {"max_shards_in_flight": 2}}))
     done = subprocess.run([sys.executable, "-m", "teibatch", "run", str(job), "-q", "--ray-address",
                            two_node_cluster], env=os.environ.copy(), capture_output=True, text=True, timeout=180,

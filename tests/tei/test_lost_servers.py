@@ -17,7 +17,8 @@ import pytest
 from teibatch.endpoint import Endpoint
 from teibatch.errors import CapacityUnavailable
 from teibatch.server import text_digest
-from teibatch.tei import ClientLimits, EndpointPool, Server, TeiClient
+from teibatch.tei import ClientLimits, EndpointPool, Server, TeiClient, embedder
+from teibatch.tei.work import FAILURE_EMBED
 from tests.tei.conftest import TINY, ServerHandle, corpus, embed
 from tests.tei.test_embedder import assert_all_embedded
 
@@ -61,6 +62,55 @@ def test_a_lost_server_s_requests_go_to_the_others_at_once(tei: Start) -> None:
     assert steady.stats()["texts"].keys() == {text_digest(t) for t in texts}
     lost = done.stats[silent.url]
     assert lost["inputs"] == 0 and lost["retries"] == 0 and lost["errors"] == {}  # recalled, not failed
+
+
+def lose_at_first_send(monkeypatch: pytest.MonkeyPatch, url: str) -> list[list[int]]:
+    """Make the pool lose ``url`` right after its first request's task is made, before that task's
+    first step (the cloud's word can come then); gives the positions that request carried, once sent."""
+    send = embedder._Run._send
+    carried: list[list[int]] = []
+
+    def send_then_lose(run: embedder._Run, flight: embedder._Flight) -> None:
+        send(run, flight)
+        if flight.server.url == url and not carried:
+            carried.append([item.position for item in flight.items])
+            assert run.pool.lose(url)
+
+    monkeypatch.setattr(embedder._Run, "_send", send_then_lose)
+    return carried
+
+
+def test_a_request_lost_before_it_started_puts_its_texts_back(tei: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A task cancelled before its first step never runs its body: the recall itself puts the texts back.
+    doomed = tei(**TINY, record_texts=True)
+    steady = tei(**TINY, record_texts=True)
+    texts = corpus(120)
+    carried = lose_at_first_send(monkeypatch, doomed.url)
+    done = embed([doomed.url, steady.url], texts, limits=LIMITS)
+    assert carried and carried[0]
+    assert_all_embedded(done, texts)
+    assert steady.stats()["texts"].keys() == {text_digest(t) for t in texts}
+    assert done.stats[doomed.url]["inputs"] == 0
+
+
+def test_a_text_the_client_lost_track_of_is_a_failure_to_send_again(tei: Start,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Were a fault to drop texts (here: a recall that only cancels, as before the fix above), they come
+    # back as retryable failures, so the shard is not committed without them.
+    doomed = tei(**TINY)
+    steady = tei(**TINY)
+    carried = lose_at_first_send(monkeypatch, doomed.url)
+
+    def cancel_only(run: embedder._Run, task: asyncio.Task[None], flight: embedder._Flight) -> None:
+        flight.recalled = True
+        task.cancel()
+
+    monkeypatch.setattr(embedder._Run, "_recall", cancel_only)
+    done = embed([doomed.url, steady.url], corpus(120), limits=LIMITS)
+    assert carried and carried[0]
+    assert [(f.position, f.reason) for f in done.result.failures] == [(p, FAILURE_EMBED) for p in sorted(carried[0])]
+    assert "no answer came back" in done.result.failures[0].detail
+    assert done.result.ok.sum() == 120 - len(carried[0])
 
 
 def test_with_no_server_left_the_pool_waits_for_the_replacement(tei: Start) -> None:

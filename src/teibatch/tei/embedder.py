@@ -220,7 +220,20 @@ class _Run:
                     task.cancel()
             if not finished:
                 await asyncio.gather(*self.flights, return_exceptions=True)
-        return replace(self.result, failures=sorted(self.queue.failures, key=lambda f: f.position))
+        return replace(self.result, failures=self._every_text_accounted())
+
+    def _every_text_accounted(self) -> list[Failure]:
+        """The failures, sorted, and one to send again for any text with neither a vector nor a failure.
+
+        There should be none; if a fault in this module ever left one, its shard is not committed
+        (a retryable failure) and the next run sends the text, where it would be lost from the output.
+        """
+        failures = list(self.queue.failures)
+        unaccounted = ~self.result.ok
+        unaccounted[[f.position for f in failures]] = False
+        failures += [Failure(int(position), FAILURE_EMBED, "no answer came back for it, nor an error (a client "
+                             "fault; the same command sends it again)") for position in np.flatnonzero(unaccounted)]
+        return sorted(failures, key=lambda f: f.position)
 
     def _has_unsent(self) -> bool:
         return not self.queue.empty()
@@ -271,10 +284,20 @@ class _Run:
         task.add_done_callback(self._finished)
 
     def _recall(self, task: asyncio.Task[None], flight: _Flight) -> None:
-        """``flight``'s server is gone: cancel the request; its texts go back to the queue (see :meth:`_request`)."""
-        if not flight.landed and not flight.recalled:
-            flight.recalled = True
-            task.cancel()
+        """``flight``'s server is gone: its texts go back to the queue now, and the request is cancelled.
+
+        The texts are put back here, not where the request's coroutine meets the cancellation: a task
+        cancelled before its first step never runs its body, and its texts would be lost.
+        """
+        if flight.landed or flight.recalled:
+            return
+        flight.recalled = True
+        self._land(flight)
+        if not (flight.settled or flight.twin_out):  # no other request may still answer for the texts
+            unit = flight.unit or Unit(flight.items)  # a fresh text's first request: no tries yet
+            self.queue.put(Unit(flight.items, unit.attempts, unit.overloads, None, asyncio.get_running_loop().time(),
+                                unit.truncating), first=True)
+        task.cancel()
 
     def _send_copy(self, original: _Flight, server: Server) -> None:
         """A copy of ``original`` to ``server`` (see ``tei/hedging.py``): the first of the two answers wins."""
@@ -301,18 +324,15 @@ class _Run:
             except asyncio.CancelledError:
                 if not flight.recalled:
                     raise
-                self._land(flight)
-                if not (flight.settled or flight.twin_out):  # no other request may still answer for the texts
-                    unit = flight.unit or Unit(items)  # a fresh text's first request: no tries yet
-                    self.queue.put(Unit(items, unit.attempts, unit.overloads, None, loop.time(), unit.truncating),
-                                   first=True)
-                return
+                return  # _recall put the texts back
             expected = (len(items),) if self.sparse else (len(items), self.dimension)
             if vectors.shape != expected:
                 raise ServerFault(f"answered vectors of shape {vectors.shape} for {len(items)} inputs, expected "
                                   f"{expected}", server=server.url, kind="wrong shape")
         except TeiError as exc:
             self._land(flight)
+            if flight.recalled:
+                return  # the answer came before the cancellation did; _recall put the texts back
             server.stats.count_error(type(exc).__name__)
             if flight.settled or flight.twin_out:
                 # The texts are answered, or their twin may yet answer.
@@ -322,6 +342,8 @@ class _Run:
             return
         finally:
             self._land(flight)
+        if flight.recalled:
+            return
         self.pool.succeeded(server, len(items), sent_at=sent_at, now=loop.time(), used=not flight.settled)
         if flight.settled:
             return  # its twin answered first
