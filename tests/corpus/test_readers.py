@@ -166,6 +166,22 @@ def test_truncated_compressed_file_names_file_and_line(kit: Any, tmp_path: Path,
     assert f"(line {len(items)})" in last.detail
 
 
+@pytest.mark.parametrize("suffix", [pytest.param(s, id=s[1:]) for s in (".gz", ".zst")])
+@pytest.mark.parametrize("keep", [pytest.param(1.0, id="whole"), pytest.param(2 / 3, id="truncated")])
+def test_shards_of_a_compressed_file_read_what_one_shard_reads(kit: Any, tmp_path: Path, suffix: str,
+                                                               keep: float) -> None:
+    # A shard of a compressed file counts its way past the rows before it (no seeking): blank lines,
+    # and the unreadable rest of a truncated file, come out as when one shard reads the whole file.
+    data = _compressed(suffix, LINES.replace(b"\n", b"\n\n  \n", 7))
+    path = tmp_path / f"c.jsonl{suffix}"
+    path.write_bytes(data[: int(len(data) * keep)])
+    one = kit.read_all(CorpusOptions(str(path), id_field="id", shard_docs=100_000, on_bad_file="reject"))
+    many = kit.read_all(CorpusOptions(str(path), id_field="id", shard_docs=700, on_bad_file="reject"))
+    assert many == one
+    assert len(one) > 1000
+    assert [type(item).__name__ for item in one[-2:]] == ["Document", "Reject" if keep < 1 else "Document"]
+
+
 def test_zstd_files_of_several_frames_read_whole(kit: Any, tmp_path: Path) -> None:
     import zstandard
     first, second = LINES[:100_000], LINES[100_000:]

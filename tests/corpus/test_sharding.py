@@ -6,9 +6,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 
 from teibatch.corpus import CorpusOptions, Document, Shard, plan_shards, read_shard
+from teibatch.corpus.formats import FileFormat
+from teibatch.corpus.readers import iter_rows
 from teibatch.errors import CorpusError, CorpusMismatch
 
 
@@ -166,3 +169,47 @@ def test_a_bad_file_is_one_shard_whose_error_is_not_served_stale(kit: Any, tmp_p
         list(read_shard(options, shard))
     assert not isinstance(stale.value, CorpusMismatch)
     assert [s.bad_file for s in plan_shards(options)] == [None, None, None]
+
+
+def awkward_jsonl(path: Path) -> bytes:
+    """JSON lines with everything that makes a line not a row or a row not a document: a BOM, blank and
+    whitespace lines, CRLF endings, a line that is not JSON, a byte that is not UTF-8, no final newline."""
+    data = (b'\xef\xbb\xbf{"id": "r0", "text": "first"}\n\n   \n{"id": "r1", "text": "second"}\r\n'
+            b'not json\n{"id": "r3", "text": "bad \xff byte"}\n\t\n{"id": "r4", "text": "fourth"}\n'
+            b'{"id": "r5", "text": "fifth"}\n\n{"id": "r6", "text": "sixth"}')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("shard_docs", [1, 2, 3, 5])
+def test_a_marked_shard_reads_what_reading_from_the_start_reads(tmp_path: Path, shard_docs: int) -> None:
+    awkward_jsonl(tmp_path / "c" / "a.jsonl")
+    options = CorpusOptions(str(tmp_path / "c"), id_field="id", shard_docs=shard_docs)
+    shards = plan_shards(options)
+    assert [s.mark.row if s.mark is not None else None for s in shards] == [s.start for s in shards]
+    for shard in shards:
+        marked = list(read_shard(options, shard))
+        assert marked == list(read_shard(options, dataclasses.replace(shard, mark=None)))
+        assert len(marked) == shard.size
+    rejects = [item for shard in shards for item in read_shard(options, shard) if not isinstance(item, Document)]
+    assert [r.detail.split(":")[0] for r in rejects] == ["a.jsonl#2 (line 5)", "a.jsonl#3 (line 6)"]
+
+
+def test_reading_starts_at_the_mark(tmp_path: Path) -> None:
+    data = awkward_jsonl(tmp_path / "c" / "a.jsonl")
+    options = CorpusOptions(str(tmp_path / "c"), id_field="id", shard_docs=2)
+    shard = plan_shards(options)[2]  # rows 4 and 5
+    assert shard.mark is not None and (shard.mark.row, shard.mark.line) == (4, 7)  # row 4 is on line 8
+    assert data[shard.mark.offset:].startswith(b'{"id": "r4"')
+    # A mark for row 4 that points at row 5's bytes: the reader seeks there and reads what it finds.
+    later = dataclasses.replace(shard.mark, offset=data.index(b'{"id": "r5"'))
+    rows = list(iter_rows(fsspec.filesystem("file"), str(tmp_path / "c" / "a.jsonl"), FileFormat("jsonl"), "a.jsonl",
+                          4, 6, mark=later))
+    assert [(number, row["id"]) for number, _, row in rows] == [(4, "r5"), (5, "r6")]
+
+
+def test_only_uncompressed_json_lines_are_marked(mixed_corpus: Path) -> None:
+    shards = plan_shards(CorpusOptions(str(mixed_corpus), id_field="id", shard_docs=2))
+    assert {s.sources[0]: s.mark is not None for s in shards} == {
+        "a.jsonl": True, "c.parquet": False, "notes.txt": False, "sub/b.jsonl.gz": False}

@@ -113,6 +113,29 @@ def test_a_text_the_client_lost_track_of_is_a_failure_to_send_again(tei: Start,
     assert done.result.ok.sum() == 120 - len(carried[0])
 
 
+def test_a_call_that_fails_right_after_sending_leaves_no_inputs_counted(tei: Start,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool outlives one embed_texts call (a sender keeps it for the run): the requests of a call
+    # that fails must leave their servers' budgets, those whose tasks never started included.
+    server = tei(**TINY)
+    send = embedder._Run._send
+    pools: list[EndpointPool] = []
+
+    def send_then_fail(run: embedder._Run, flight: embedder._Flight) -> None:
+        send(run, flight)
+        pools.append(run.pool)
+        raise RuntimeError("the call fails here")
+
+    async def keep_pool(pool: EndpointPool, http: httpx.AsyncClient) -> None:
+        pools.append(pool)
+
+    monkeypatch.setattr(embedder._Run, "_send", send_then_fail)
+    with pytest.raises(RuntimeError, match="the call fails here"):
+        embed([server.url], corpus(50), limits=LIMITS, beside=keep_pool)
+    assert len(pools) == 2 and pools[0] is pools[1]
+    assert [(s.in_flight, s.requests_in_flight) for s in pools[0].servers] == [(0, 0)]
+
+
 def test_with_no_server_left_the_pool_waits_for_the_replacement(tei: Start) -> None:
     only = tei(**TINY, record_texts=True, simulate_gpu=20_000.0, batch_overhead_s=0.01)
     replacement = tei(**TINY, record_texts=True)

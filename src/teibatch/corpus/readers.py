@@ -1,8 +1,9 @@
 """Stream the raw rows of one source file, lazily, with stable row numbers.
 
 One reader per format, each able to *count* a file's rows (planning) and to yield rows
-``start``..``stop`` (a shard) without holding the file: JSON lines are split but not parsed before
-``start``; Parquet skips whole row groups from its footer. A row is a ``dict`` or a ``Malformed``
+``start``..``stop`` (a shard) without holding the file: an uncompressed JSON-lines file is read from
+where planning marked the shard's first row (``count_and_mark``), others are split but not parsed
+before ``start``; Parquet skips whole row groups from its footer. A row is a ``dict`` or a ``Malformed``
 marker, numbered from 0 in the file; every physical record counts, malformed ones included, so
 counting and reading always agree on the numbers. A malformed row's detail starts with its place
 (``rows.Place``): ``c.jsonl#1 (line 2): …``.
@@ -39,7 +40,7 @@ from teibatch.corpus.csvfile import csv_rows
 from teibatch.corpus.formats import FORMAT_BUILTIN, FileFormat
 from teibatch.corpus.jsonarray import iter_array_items
 from teibatch.corpus.paths import top_column
-from teibatch.corpus.records import ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT
+from teibatch.corpus.records import ON_BAD_FILE_FAIL, ON_BAD_FILE_REJECT, RowMark
 from teibatch.corpus.rows import Malformed, Place, ReadPosition, Row, Unreadable
 from teibatch.errors import CorpusError, CorpusMismatch
 
@@ -71,14 +72,42 @@ def count_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: s
     return sum(1 for _ in iter_rows(fs, url, fmt, name, 0, None, parse=False, on_bad_file=on_bad_file))
 
 
+def can_mark(fmt: FileFormat) -> bool:
+    """Whether reading ``fmt`` can start at a :class:`RowMark` (JSON lines, not compressed)."""
+    return fmt.name == "jsonl" and fmt.compression is None
+
+
+def count_and_mark(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str,
+                   every: int) -> tuple[int, dict[int, RowMark]]:
+    """:func:`count_rows` for a file :func:`can_mark`, with a :class:`RowMark` at every ``every``-th
+    row (0 included), by row; the same pass, counting rows as :func:`iter_rows` numbers them."""
+    if not can_mark(fmt) or every < 1:
+        raise ValueError(f"{name}: only uncompressed JSON lines are marked, at a positive interval")
+    marks: dict[int, RowMark] = {}
+    position = ReadPosition()
+    row = offset = 0
+    with _errors(name, fmt, position), open_source(fs, url, fmt.compression) as stream:
+        for line_number, line in enumerate(stream, 1):
+            position.line = line_number
+            if not line.isspace():  # as _jsonl: blank lines are not rows
+                if row % every == 0:
+                    marks[row] = RowMark(row, offset, line_number - 1)
+                row += 1
+                position.row = row
+            offset += len(line)
+    return row, marks
+
+
 def iter_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: str, start: int,
               stop: int | None, *, columns: list[str] | None = None, parse: bool = True,
-              on_bad_file: str = ON_BAD_FILE_FAIL) -> Generator[tuple[int, int | None, Row], None, None]:
+              on_bad_file: str = ON_BAD_FILE_FAIL,
+              mark: RowMark | None = None) -> Generator[tuple[int, int | None, Row], None, None]:
     """Yield ``(row_number, line, row)`` for rows ``start`` up to ``stop`` (``None``: the end).
 
     ``line`` is the line the record starts on (JSON lines, CSV), else ``None``. ``columns`` (field
     paths) limits what Parquet reads: a nested path reads its whole top-level column;
-    ``parse=False`` (counting) yields empty rows cheaply.
+    ``parse=False`` (counting) yields empty rows cheaply. ``mark`` (from :func:`count_and_mark`, at
+    or before ``start``): where in the file to begin, when the file :func:`can_mark`.
     A file whose content breaks off raises ``CorpusMismatch`` naming the file and line, or with
     ``on_bad_file: reject`` yields ``Malformed`` rows for what cannot be read (see the module doc).
     """
@@ -92,7 +121,11 @@ def iter_rows(fs: AbstractFileSystem | None, url: str, fmt: FileFormat, name: st
     try:
         with _errors(name, fmt, position), open_source(fs, url, fmt.compression) as stream:
             if fmt.name == "jsonl":
-                yield from _jsonl(stream, name, start, stop, parse, position)
+                if mark is not None and mark.row <= start and can_mark(fmt) and stream.seekable():
+                    stream.seek(mark.offset)
+                else:
+                    mark = None
+                yield from _jsonl(stream, name, start, stop, parse, position, mark)
             elif fmt.name == "json":
                 yield from _json(stream, name, start, stop, parse, position)
             elif fmt.name == "csv":
@@ -143,11 +176,15 @@ def _bad_file(exc: Unreadable) -> CorpusMismatch:
 
 
 def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
-           position: ReadPosition) -> Iterator[tuple[int, int | None, Row]]:
-    row = 0
-    position.line = 0
+           position: ReadPosition, mark: RowMark | None = None) -> Iterator[tuple[int, int | None, Row]]:
+    """Rows of a JSON-lines ``stream``, which is at ``mark`` (else at its start)."""
+    position.row = mark.row if mark is not None else 0
+    position.line = mark.line if mark is not None else 0
+    if start > position.row:
+        _skip_rows(stream, start - position.row, position)
+    row = position.row
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
-    for line_number, line in enumerate(stream, 1):
+    for line_number, line in enumerate(stream, position.line + 1):
         position.line = line_number
         if stop is not None and row >= stop:
             return
@@ -168,6 +205,26 @@ def _jsonl(stream: Any, name: str, start: int, stop: int | None, parse: bool,
                                                           name, row, line_number)
         row += 1
         position.row = row
+
+
+def _skip_rows(stream: Any, rows: int, position: ReadPosition) -> None:
+    """Read past the next ``rows`` rows of a JSON-lines ``stream`` (at a line's start), counting them and
+    their lines in ``position``; fewer where the file ends first.
+
+    The rows before a shard of a file that cannot be sought (a compressed one) are read again for
+    every shard of the file: here they cost a loop that only counts.
+    """
+    lines = skipped = 0
+    try:
+        for line in stream:
+            lines += 1
+            if not line.isspace():  # as _jsonl: blank lines are not rows
+                skipped += 1
+                if skipped == rows:
+                    return
+    finally:  # also where the file breaks off: the error names the line after the last one read
+        position.line = (position.line or 0) + lines
+        position.row += skipped
 
 
 def _json(stream: Any, name: str, start: int, stop: int | None, parse: bool,

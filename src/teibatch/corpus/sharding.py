@@ -8,11 +8,13 @@ so planning twice gives the same ids, a changed file changes only its own shards
 committed by an earlier run can be recognised and skipped.
 
 Planning streams each row file once to count its records (Parquet reads only its footer); nothing
-of the corpus is held in memory. A file that cannot be read to its end (``CorpusMismatch`` while
-counting) does not stop the plan: with ``on_bad_file: fail`` it gets one shard carrying the problem
-(``Shard.bad_file``), and reading that shard raises it, so the other files' shards still run and a
-run after the file is fixed (a new fingerprint, a new shard id) completes. With ``reject`` it is
-counted with its ``Malformed`` rows and sharded like any other file.
+of the corpus is held in memory. In an uncompressed JSON-lines file it notes where each shard's
+first row begins (``Shard.mark``), so that a shard's reading starts there. A file that cannot be
+read to its end (``CorpusMismatch`` while counting) does not stop the plan: with ``on_bad_file:
+fail`` it gets one shard carrying the problem (``Shard.bad_file``), and reading that shard raises
+it, so the other files' shards still run and a run after the file is fixed (a new fingerprint, a
+new shard id) completes. With ``reject`` it is counted with its ``Malformed`` rows and sharded like
+any other file.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from teibatch.corpus.listing import (
     list_sources,
     resolve_root,
 )
-from teibatch.corpus.readers import count_rows, iter_rows, read_text
-from teibatch.corpus.records import REJECT_DUPLICATE_ID, BadFile, CorpusOptions, Document, Reject, Shard
+from teibatch.corpus.readers import can_mark, count_and_mark, count_rows, iter_rows, read_text
+from teibatch.corpus.records import REJECT_DUPLICATE_ID, BadFile, CorpusOptions, Document, Reject, RowMark, Shard
 from teibatch.corpus.rows import Place
 from teibatch.errors import CorpusError, CorpusMismatch
 
@@ -72,14 +74,18 @@ def plan_shards(options: CorpusOptions, listing: Listing | None = None) -> list[
             done += len(files)
             continue
         for source, fmt in run:
+            marks: dict[int, RowMark] = {}
             try:
-                rows = count_rows(root.fs, source.url, fmt, source.path, options.on_bad_file)
+                if can_mark(fmt):
+                    rows, marks = count_and_mark(root.fs, source.url, fmt, source.path, options.shard_docs)
+                else:
+                    rows = count_rows(root.fs, source.url, fmt, source.path, options.on_bad_file)
             except CorpusMismatch as exc:
                 shards.append(_shard(options, [source], 0, fmt.name, 0, BadFile.from_error(source.path, exc)))
                 continue
             for start in range(0, rows, options.shard_docs):
                 stop = min(start + options.shard_docs, rows)
-                shards.append(_shard(options, [source], start, fmt.name, stop))
+                shards.append(_shard(options, [source], start, fmt.name, stop, mark=marks.get(start)))
     return shards
 
 
@@ -177,12 +183,12 @@ def shard_id(options: CorpusOptions, sources: Sequence[SourceFile], start: int, 
 
 
 def _shard(options: CorpusOptions, sources: Sequence[SourceFile], start: int, fmt: str,
-           stop: int | None = None, bad_file: BadFile | None = None) -> Shard:
+           stop: int | None = None, bad_file: BadFile | None = None, *, mark: RowMark | None = None) -> Shard:
     if stop is None:  # a group of text files: positions in the sorted list of text files
         stop = start + len(sources)
     paths = tuple(source.path for source in sources)
     identity = shard_id(options, sources, start, stop, fmt, unreadable=bad_file is not None)
-    return Shard(identity, paths, start, stop, fmt, bad_file)
+    return Shard(identity, paths, start, stop, fmt, bad_file, mark)
 
 
 def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard, rules: DocumentRules,
@@ -205,7 +211,7 @@ def _items(options: CorpusOptions, root: CorpusRoot, shard: Shard, rules: Docume
     fmt = _format(options, shard, path)
     plain = rules.plain if rules.quick else None
     for number, line, row in iter_rows(root.fs, root.url(path), fmt, path, shard.start, shard.stop,
-                                       columns=rules.columns(), on_bad_file=options.on_bad_file):
+                                       columns=rules.columns(), on_bad_file=options.on_bad_file, mark=shard.mark):
         found = plain(row) if plain is not None else None
         if found is not None:
             yield path, number, line, Document(found[0], found[1]), found[2]

@@ -309,6 +309,10 @@ class _Run:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         flight = self.flights.pop(task, None)
+        if flight is not None:
+            # A task cancelled before its first step (the call failed just after sending it) never ran
+            # its body: its inputs leave the server's budget here, or the pool would count them forever.
+            self._land(flight)
         failed = not task.cancelled() and task.exception() is not None
         if failed and self.fatal is None and (flight is None or not flight.settled):
             self.fatal = task.exception()
