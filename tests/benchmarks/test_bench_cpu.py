@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # runs the benchmark script, Ray and servers included, in a process of its own
+from tests.benchmarks.scripts import run_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cpu.py"
+pytestmark = pytest.mark.slow  # runs the benchmark script, Ray and servers included, in a process of its own
 
 
 def test_a_small_run_measures_every_client(tmp_path: Path) -> None:
     report = tmp_path / "rows.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--docs", "2000", "--dims", "384", "--json", str(report)],
-                          capture_output=True, text=True, timeout=600, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "floor not given" in done.stdout
+    output = run_benchmark("bench_cpu.py", "--docs", "2000", "--dims", "384", "--json", str(report), timeout=600)
+    assert "floor not given" in output
     rows = {row["contestant"]: row for row in json.loads(report.read_text())}
     assert set(rows) == {"teibatch", "loop"}
     for row in rows.values():
@@ -33,4 +27,4 @@ def test_a_small_run_measures_every_client(tmp_path: Path) -> None:
         assert len(row["idle_waits"]) == 2 and all(w.startswith("http://127.0.0.1:") for w in row["idle_waits"])
     # teibatch's Ray workers sit under the raylet, whose accounting is lost: their CPU comes from sampling.
     assert 0 < rows["teibatch"]["sampled_cpu_s"] < rows["teibatch"]["cpu_s"]
-    assert "| teibatch | 2,000 | 384 |" in done.stdout and "| loop | 2,000 | 384 |" in done.stdout
+    assert "| teibatch | 2,000 | 384 |" in output and "| loop | 2,000 | 384 |" in output
