@@ -82,3 +82,39 @@ def test_a_waiter_cancelled_just_as_it_was_admitted_passes_the_slot_on() -> None
         return order
 
     assert asyncio.run(scenario()) == [2.0]
+
+
+def test_a_slot_given_back_early_admits_the_next_waiter_and_is_not_freed_twice() -> None:
+    async def scenario() -> list[str]:
+        gate, order = OldestFirst(1), []
+        tail, later_done = asyncio.Event(), asyncio.Event()
+
+        async def chunk_in_its_tail() -> None:
+            async with gate.slot(0.0) as slot:
+                order.append("first sends everything")
+                slot.give_back()
+                slot.give_back()  # said twice: counts once
+                await tail.wait()  # waits for its answers without the slot
+                order.append("first answered")
+
+        async def waiter(name: str, priority: float) -> None:
+            async with gate.slot(priority):
+                order.append(name)
+                if name == "second":
+                    await later_done.wait()
+
+        first = asyncio.create_task(chunk_in_its_tail())
+        await asyncio.sleep(0)
+        second = asyncio.create_task(waiter("second", 1.0))
+        third = asyncio.create_task(waiter("third", 2.0))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == ["first sends everything", "second"]  # admitted while the first is still out
+        tail.set()
+        await first
+        assert gate.waiting == 1  # the first's end freed nothing more: the third still waits for the second
+        later_done.set()
+        await asyncio.gather(second, third)
+        return order
+
+    assert asyncio.run(scenario()) == ["first sends everything", "second", "first answered", "third"]

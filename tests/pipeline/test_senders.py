@@ -105,6 +105,27 @@ def test_concurrent_chunks_share_one_budget_in_full_batches() -> None:
     assert 0 < report["busy_share"] <= 1  # type: ignore[operator]
 
 
+@pytest.mark.timeout(60)
+def test_a_chunk_whose_texts_are_all_out_lets_the_next_chunk_in() -> None:
+    # A sender admits 3 chunks of texts still to send at once (budget 32, chunks of up to 256); five
+    # one-request chunks against a server that takes a while per request: all five are out at once,
+    # not three, because each gives its slot up once its request is out.
+    with running_server(max_client_batch_size=4, max_concurrent_requests=32, simulate_gpu=100,
+                        max_batch_requests=1) as url:
+        core = SenderCore(plan_for([url], inflight=32))
+
+        async def send_all() -> None:
+            try:
+                results = await asyncio.gather(*(core.embed([f"chunk {c} text {i}" for i in range(4)])
+                                                 for c in range(5)))
+            finally:
+                await core.close()
+            assert all(r.ok.all() and not r.failures for r in results)
+
+        asyncio.run(send_all())
+    assert core.stats()[url]["max_in_flight"] == 20
+
+
 def test_streams_say_all_work_is_in_once_every_last_shard_has_sent_everything() -> None:
     streams = Streams()
     assert not streams.all_in()  # the driver has not said which shards are the last ones

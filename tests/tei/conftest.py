@@ -132,10 +132,12 @@ def embed(urls: list[str], texts: list[str], *, key: str | None = None, options:
           timeout: float = 10.0, probe_interval: float = 0.1, down_grace: float = 10.0,
           api_key_env: str | None = None, latency_factor: float | None = None,
           limits: ClientLimits | None = None, transport: httpx.AsyncBaseTransport | None = None,
-          beside: Callable[[EndpointPool, httpx.AsyncClient], Awaitable[None]] | None = None) -> Embedded:
+          beside: Callable[[EndpointPool, httpx.AsyncClient], Awaitable[None]] | None = None,
+          all_sent: Callable[[], None] | None = None) -> Embedded:
     """``embed_texts`` over fresh clients of ``urls``, limits derived from each server's ``/info``
     (or ``limits``: then ``/info`` is not asked, as in a shard task). ``beside``: a coroutine run on the
-    same event loop meanwhile, given the pool and the HTTP client (to change the pool as a sender would)."""
+    same event loop meanwhile, given the pool and the HTTP client (to change the pool as a sender would);
+    ``all_sent``: passed to ``embed_texts``."""
 
     async def main() -> Embedded:
         async with httpx.AsyncClient(transport=transport) as http:
@@ -152,7 +154,8 @@ def embed(urls: list[str], texts: list[str], *, key: str | None = None, options:
             side = asyncio.create_task(beside(pool, http)) if beside is not None else None
             try:
                 result = await asyncio.wait_for(
-                    embed_texts(pool, packer, texts, dimension=384, max_retries=max_retries), EMBED_DEADLINE_S)
+                    embed_texts(pool, packer, texts, dimension=384, max_retries=max_retries, all_sent=all_sent),
+                    EMBED_DEADLINE_S)
                 if side is not None:
                     await asyncio.wait_for(side, EMBED_DEADLINE_S)
             finally:

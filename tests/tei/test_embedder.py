@@ -29,6 +29,7 @@ from teibatch.tei import (
     Failure,
 )
 from teibatch.tei.embedder import MAX_OVERLOAD_RETRIES
+from teibatch.tei.pool import EndpointPool
 from teibatch.tei.work import FAILURE_EMBED, FAILURE_REFUSED, FAILURE_TOO_LONG
 from tests.tei.conftest import TINY, ZERO_VIOLATIONS, Embedded, ServerHandle, corpus, embed, when
 
@@ -93,6 +94,27 @@ def test_429_503_500_are_resent_and_nothing_is_embedded_twice(tei: Start) -> Non
     assert injected["429"] > 0 and injected["503"] + injected["500"] + injected["424"] > 0
     assert sum(int(s["window_decreases"]) for s in done.stats.values()) > 0  # 429s shrank the windows
     assert sum(int(s["retries"]) for s in done.stats.values()) >= sum(injected.values()) - injected["latency"]
+
+
+def test_the_caller_hears_when_every_text_is_out_before_the_answers_are_in(tei: Start) -> None:
+    # A sender gives a chunk's admission slot up then (pipeline/admission.py). Said once, even though
+    # 429s and 503s put texts back to be sent again after it was said.
+    servers = [tei(**TINY, record_texts=True, fault_seed=seed, fault_rate_429=0.15, fault_rate_503=0.1,
+                   simulate_gpu=5_000) for seed in (1, 2)]
+    texts = corpus(200)
+    pools: list[EndpointPool] = []
+    in_flight_when_said: list[int] = []
+
+    async def keep_pool(pool: EndpointPool, _: httpx.AsyncClient) -> None:
+        pools.append(pool)
+
+    def said() -> None:
+        in_flight_when_said.append(sum(server.in_flight for server in pools[0].servers))
+
+    done = embed([s.url for s in servers], texts, beside=keep_pool, all_sent=said)
+    assert_all_embedded(done, texts)
+    assert len(in_flight_when_said) == 1 and in_flight_when_said[0] > 0
+    assert sum(int(s["retries"]) for s in done.stats.values()) > 0
 
 
 def test_dropped_connections_and_a_hung_request_are_resent(tei: Start) -> None:

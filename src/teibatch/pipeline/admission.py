@@ -1,5 +1,11 @@
 """Admission of chunks into a sender: a bounded number at once, the oldest shard's first.
 
+A chunk holds its slot while it has texts not yet sent; once its last text is out it gives the slot
+back (:meth:`Slot.give_back`) and only waits for answers. A chunk in its tail (its last requests in
+the servers' queues, a few texts waiting to be sent again after a 429 or a 503) has nothing for a
+server that frees room, so holding the slot through the tail left the servers without work while
+the next chunks waited: with injected faults, waits of 0.2-0.6 s with every window emptying.
+
 First come, first served would interleave the chunks of every shard task, so tasks progress in
 lockstep and finish together — and then all read, hash and write at the same moment while the
 servers wait for new chunks. Served oldest shard first, one task finishes early and writes while
@@ -11,8 +17,25 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+
+
+class Slot:
+    """One holder's place in an :class:`OldestFirst`: given back at the end of the block, or earlier."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    @property
+    def held(self) -> bool:
+        return self._release is not None
+
+    def give_back(self) -> None:
+        """Hand the slot to the next waiter now (the holder goes on without it); only the first call counts."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class OldestFirst:
@@ -29,13 +52,15 @@ class OldestFirst:
         return sum(not future.done() for _, _, future in self._waiting)
 
     @asynccontextmanager
-    async def slot(self, priority: float) -> AsyncIterator[None]:
-        """Hold one slot for the block; ``priority``: lower goes first (a shard task's start time)."""
+    async def slot(self, priority: float) -> AsyncIterator[Slot]:
+        """Hold one slot for the block, or until :meth:`Slot.give_back`; ``priority``: lower goes first
+        (a shard task's start time)."""
         await self._acquire(priority)
+        held = Slot(self._release)
         try:
-            yield
+            yield held
         finally:
-            self._release()
+            held.give_back()
 
     async def _acquire(self, priority: float) -> None:
         if self._free > 0 and not self.waiting:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -133,13 +133,15 @@ def backoff(attempt: int, base: float = _BACKOFF_BASE_S) -> float:
 
 
 async def embed_texts(pool: EndpointPool, packer: RequestPacker, texts: Sequence[str], *,
-                      dimension: int, max_retries: int = DEFAULT_MAX_RETRIES) -> EmbedResult:
+                      dimension: int, max_retries: int = DEFAULT_MAX_RETRIES,
+                      all_sent: Callable[[], None] | None = None) -> EmbedResult:
     """Embed ``texts`` over ``pool``; fatal errors (401, wrong model kind, no server left) propagate.
 
     ``dimension``: the vectors' size; for sparse vectors (``packer``'s route is ``/embed_sparse``), the
-    vocabulary size.
+    vocabulary size. ``all_sent``: called once, as soon as every text has been sent (or rejected
+    unsent) at least once; the call goes on until the answers are in, resending what failed.
     """
-    return await _Run(pool, packer, texts, dimension, max_retries).execute()
+    return await _Run(pool, packer, texts, dimension, max_retries, all_sent).execute()
 
 
 @dataclass(eq=False)
@@ -187,8 +189,9 @@ class _Run:
     """One call of :func:`embed_texts`: a dispatcher loop that starts requests while servers have room."""
 
     def __init__(self, pool: EndpointPool, packer: RequestPacker, texts: Sequence[str],
-                 dimension: int, max_retries: int) -> None:
+                 dimension: int, max_retries: int, all_sent: Callable[[], None] | None = None) -> None:
         self.pool = pool
+        self.all_sent = all_sent
         self.packer = packer
         self.max_retries = max_retries
         self.dimension = dimension
@@ -244,8 +247,12 @@ class _Run:
             self.wake.rung = False
             if self.fatal is not None:
                 raise self.fatal
-            if self.queue.empty() and all(flight.settled for flight in self.flights.values()):
-                return
+            if self.queue.empty():
+                all_sent, self.all_sent = self.all_sent, None
+                if all_sent is not None:
+                    all_sent()
+                if all(flight.settled for flight in self.flights.values()):
+                    return
             self.pool.check_alive()
             if self._start_one(loop.time()) or self.pool.hedge():
                 # The request just started goes out before the next is packed: a server that is

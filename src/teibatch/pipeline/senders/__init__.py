@@ -28,7 +28,8 @@ How the pieces meet:
   fixed cost of each chunk (a Ray call each way, objects in Ray's store) spreads over many texts.
 * Inside a sender, chunks are admitted oldest shard task first (``pipeline/admission.py``); enough
   of them at once to fill every server's window, and no more, so a chunk's requests go out together
-  and it comes back soon, and tasks finish one after another instead of all at once.
+  and it comes back soon, and tasks finish one after another instead of all at once. A chunk whose
+  texts are all out lets the next one in while it waits for its answers.
 * At the end of a run, idle servers take copies of the requests that would land last (tail
   hedging, ``tei/hedging.py``). A sender allows it once it knows no more texts will come: the driver
   names the shards still running when it has started the last task (``SenderActor.last_streams``),

@@ -124,7 +124,8 @@ class SenderCore:
             self._packer = RequestPacker(plan.route, plan.embed, max_batch_size=self._pool.max_batch_size,
                                          payload_limit=self._pool.payload_limit)
             self._pool.probe_request = self._packer.probe()
-            # Enough chunks at once to fill every window, plus two starting while others end.
+            # Enough chunks sending at once to fill every window, plus two starting while others end
+            # (a chunk whose texts are all sent gives its slot up: pipeline/admission.py).
             self._admission = OldestFirst(math.ceil(plan.budget / plan.chunk_size) + 2)
             admission = self._admission
             self._pool.all_work_in = lambda: self.streams.all_in() and not admission.waiting
@@ -158,11 +159,11 @@ class SenderCore:
         if self.dimension is None:
             raise RuntimeError("a sender embeds only once the servers' probe has shown their vector size")
         pool, packer, admission = self._start()
-        async with admission.slot(priority):
+        async with admission.slot(priority) as slot:
             self.chunks += 1
             crashpoint("sender-chunk")
             return await embed_texts(pool, packer, texts, dimension=self.dimension,
-                                     max_retries=self.plan.max_retries)
+                                     max_retries=self.plan.max_retries, all_sent=slot.give_back)
 
     def lose(self, url: str, replacement_coming: bool) -> bool:
         """The cloud took the server at ``url`` back (see :meth:`EndpointPool.lose`); with
