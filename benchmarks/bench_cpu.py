@@ -48,6 +48,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -84,6 +85,7 @@ class Row:
     busy_min: float | None = None
     ratio_to_floor: float | None = None
     idle_waits: list[str] = field(default_factory=list)  # per server: its longest waits between batches
+    servers_cpu_s: float | None = None  # the servers' own CPU while this contestant ran (they share the machine)
 
     @property
     def docs_per_s(self) -> float:
@@ -201,15 +203,19 @@ def parquet_rows(root: Path) -> int:
     return len(ids)
 
 
-def busy(urls: list[str], key: str) -> tuple[float, float, list[str]]:
-    """Mean and lowest busy share of the servers (model-busy seconds over their span of serving), and
-    per server its three longest idle waits between batches (``longest_idle_gaps``)."""
-    shares, waits = [], []
-    for url in urls:
-        stats = httpx.get(f"{url}/teibatch/stats", headers={"authorization": f"Bearer {key}"}, timeout=10).json()
-        shares.append(busy_share(stats))
-        waits.append(f"{url}: {idle_waits(stats)}")
-    return sum(shares) / len(shares), min(shares), waits
+def server_stats(urls: list[str], key: str) -> list[dict[str, Any]]:
+    return [httpx.get(f"{url}/teibatch/stats", headers={"authorization": f"Bearer {key}"}, timeout=10).json()
+            for url in urls]
+
+
+def busy(urls: list[str], key: str) -> tuple[float, float, list[str], float]:
+    """Mean and lowest busy share of the servers (model-busy seconds over their span of serving), per
+    server its three longest idle waits between batches (``longest_idle_gaps``), and the servers' CPU
+    seconds so far (``process_cpu_seconds``, summed)."""
+    every = server_stats(urls, key)
+    shares = [busy_share(stats) for stats in every]
+    waits = [f"{url}: {idle_waits(stats)}" for url, stats in zip(urls, every, strict=True)]
+    return sum(shares) / len(shares), min(shares), waits, sum(float(s["process_cpu_seconds"]) for s in every)
 
 
 @contextlib.contextmanager
@@ -255,13 +261,14 @@ def run_client(name: str, docs: int, dims: int, corpus: Path, work: Path, real_g
     with servers(dims, real_gpu) as provider:
         urls = [e.url for e in provider.up()]
         build = teibatch_command if name == "teibatch" else loop_command
+        started_cpu = sum(float(s["process_cpu_seconds"]) for s in server_stats(urls, provider.api_key))
         wall, cpu, sampled = measure(build(urls, corpus, out), client_env(provider.api_key), PEERS)
-        share = busy(urls, provider.api_key)
+        mean, lowest, waits, servers_cpu = busy(urls, provider.api_key)
     rows = parquet_rows(out)
     if rows != docs:
         raise SystemExit(f"{name} wrote {rows} rows for {docs} documents")
-    mean, lowest, waits = share
-    return Row(name, docs, dims, wall, cpu, rows, sampled, busy_mean=mean, busy_min=lowest, idle_waits=waits)
+    return Row(name, docs, dims, wall, cpu, rows, sampled, busy_mean=mean, busy_min=lowest, idle_waits=waits,
+               servers_cpu_s=servers_cpu - started_cpu)
 
 
 def run_floor(floor: Path, docs: int, dims: int, corpus: Path, work: Path) -> Row:
@@ -298,8 +305,8 @@ def bench(docs: int, dims: int, contestants: list[str], floor: Path | None, real
 
 def print_table(rows: list[Row], real_gpu: bool) -> None:
     print("| contestant | docs | dims | wall s | docs/s | client CPU-s | CPU-s per 1M vectors "
-          "| ratio to floor (aiohttp) " + ("| busy share mean (min) |" if real_gpu else "|"))
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if real_gpu else ""))
+          "| ratio to floor (aiohttp) " + ("| busy share mean (min) | servers' CPU-s |" if real_gpu else "|"))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if real_gpu else ""))
     for row in rows:
         ratio = f"{row.ratio_to_floor:.2f}" if row.ratio_to_floor is not None else "–"
         cpu = f"{row.cpu_s:.1f}" + (f" ({row.sampled_cpu_s:.1f} sampled)" if row.sampled_cpu_s else "")
@@ -307,6 +314,7 @@ def print_table(rows: list[Row], real_gpu: bool) -> None:
                 f"{cpu} | {row.cpu_per_million:.1f} | {ratio} |")
         if real_gpu:
             line += (f" {row.busy_mean:.3f} ({row.busy_min:.3f}) |" if row.busy_mean is not None else " – |")
+            line += f" {row.servers_cpu_s:.1f} |" if row.servers_cpu_s is not None else " – |"
         print(line)
     for row in rows:
         if real_gpu and row.idle_waits:

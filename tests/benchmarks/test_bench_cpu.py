@@ -25,6 +25,7 @@ def test_a_small_run_measures_every_client(tmp_path: Path) -> None:
         assert row["ratio_to_floor"] is None
         assert 0 < row["busy_min"] <= row["busy_mean"] <= 1
         assert len(row["idle_waits"]) == 2 and all(w.startswith("http://127.0.0.1:") for w in row["idle_waits"])
+        assert row["servers_cpu_s"] > 0  # they embedded 2,000 texts while this contestant ran
     # teibatch's Ray workers sit under the raylet, whose accounting is lost: their CPU comes from sampling.
     assert 0 < rows["teibatch"]["sampled_cpu_s"] < rows["teibatch"]["cpu_s"]
     assert "| teibatch | 2,000 | 384 |" in output and "| loop | 2,000 | 384 |" in output

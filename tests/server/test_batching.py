@@ -100,3 +100,13 @@ def test_stats_list_the_longest_idle_waits_between_batches() -> None:
     assert all(abs(g["seconds"] - 0.1) < 1e-9 for g in gaps[2:])
     assert stats["model_busy_seconds"] == 3.5 + 6 * 0.9
     assert stats["serving_span_seconds"] == 17.0
+
+
+def test_stats_give_the_server_process_s_own_cpu_time() -> None:
+    metrics = Metrics()
+    before = metrics.stats(inflight_inputs=0, queue_size=0)["process_cpu_seconds"]
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    after = metrics.stats(inflight_inputs=0, queue_size=0)["process_cpu_seconds"]
+    assert isinstance(before, float) and after >= before + 0.04

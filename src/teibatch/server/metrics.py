@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import time
 from collections import Counter
 from typing import Any
 
@@ -200,6 +201,9 @@ class Metrics:
             if (first := self.first_batch_started) is not None else [],
             "violations": dict(self.violations),
             "faults": dict(self.faults),
+            # Every thread of the server's process, its start included: a benchmark that shares the
+            # machine with its servers subtracts a reading taken before its client starts.
+            "process_cpu_seconds": round(time.process_time(), 3),
         }
         if self.record_texts:
             result["texts"] = dict(sorted(self.texts.items()))
