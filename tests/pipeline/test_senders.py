@@ -110,7 +110,7 @@ def test_a_chunk_whose_texts_are_all_out_lets_the_next_chunk_in() -> None:
     # A sender admits 3 chunks of texts still to send at once (budget 32, chunks of up to 256); five
     # one-request chunks against a server that takes a while per request: all five are out at once,
     # not three, because each gives its slot up once its request is out.
-    with running_server(max_client_batch_size=4, max_concurrent_requests=32, simulate_gpu=100,
+    with running_server(max_client_batch_size=4, max_concurrent_requests=32, simulate_gpu=40,
                         max_batch_requests=1) as url:
         core = SenderCore(plan_for([url], inflight=32))
 
