@@ -143,7 +143,9 @@ class EndpointPool:
     """Picks a server for each request and keeps every server's accounting and health.
 
     Everything runs on one event loop: picking, reserving and releasing never await, so counts
-    cannot race. ``listeners`` are called whenever room may have appeared (a server came back).
+    cannot race. ``listeners`` are called whenever room may have appeared: with ``True`` when a
+    request came back (room only), with ``False`` for anything else (a server came back or was added,
+    all the work is in).
 
     ``all_work_in``: set by the caller that knows no more texts will come (a sender, told by the
     driver); from then on, with nothing left to send, idle servers take copies of the requests that
@@ -157,7 +159,7 @@ class EndpointPool:
         self.servers = servers
         self.probe_interval = probe_interval
         self.down_grace = down_grace
-        self.listeners: list[Callable[[], None]] = []
+        self.listeners: list[Callable[[bool], None]] = []
         # A one-text request with the run's options: how a server that answered wrongly is re-checked.
         self.probe_request: EmbedRequest | None = None
         self.all_work_in: Callable[[], bool] | None = None
@@ -216,7 +218,7 @@ class EndpointPool:
         server.in_flight -= count
         server.requests_in_flight -= 1
         server.stats.last_answer = now
-        self.wake()
+        self.wake(room=True)
 
     @staticmethod
     def _count_inputs(server: Server, now: float) -> None:
@@ -229,10 +231,10 @@ class EndpointPool:
                 server.stats.busy_seconds += elapsed
         server._counted_at = now
 
-    def wake(self) -> None:
-        """Tell every caller waiting for room to look again."""
+    def wake(self, room: bool = False) -> None:
+        """Tell every caller to look again; ``room``: only room came free (a request came back)."""
         for listener in list(self.listeners):
-            listener()
+            listener(room)
 
     def next_order(self) -> int:
         """A number for the next request sent: later requests get higher ones."""
