@@ -27,10 +27,6 @@ class Slot:
     def __init__(self, release: Callable[[], None]) -> None:
         self._release: Callable[[], None] | None = release
 
-    @property
-    def held(self) -> bool:
-        return self._release is not None
-
     def give_back(self) -> None:
         """Hand the slot to the next waiter now (the holder goes on without it); only the first call counts."""
         release, self._release = self._release, None
