@@ -90,10 +90,10 @@ def test_a_slot_given_back_early_admits_the_next_waiter_and_is_not_freed_twice()
         tail, later_done = asyncio.Event(), asyncio.Event()
 
         async def chunk_in_its_tail() -> None:
-            async with gate.slot(0.0) as slot:
+            async with gate.slot(0.0) as give_back:
                 order.append("first sends everything")
-                slot.give_back()
-                slot.give_back()  # said twice: counts once
+                give_back()
+                give_back()  # said twice: counts once
                 await tail.wait()  # waits for its answers without the slot
                 order.append("first answered")
 

@@ -1,10 +1,11 @@
 """Admission of chunks into a sender: a bounded number at once, the oldest shard's first.
 
 A chunk holds its slot while it has texts not yet sent; once its last text is out it gives the slot
-back (:meth:`Slot.give_back`) and only waits for answers. A chunk in its tail (its last requests in
-the servers' queues, a few texts waiting to be sent again after a 429 or a 503) has nothing for a
-server that frees room, so holding the slot through the tail left the servers without work while
-the next chunks waited: with injected faults, waits of 0.2-0.6 s with every window emptying.
+back (it calls the :class:`Once` that :meth:`OldestFirst.slot` gave it) and only waits for answers.
+A chunk in its tail (its last requests in the servers' queues, a few texts waiting to be sent again
+after a 429 or a 503) has nothing for a server that frees room, so holding the slot through the tail
+left the servers without work while the next chunks waited: with injected faults, waits of 0.2-0.6 s
+with every window emptying.
 
 First come, first served would interleave the chunks of every shard task, so tasks progress in
 lockstep and finish together — and then all read, hash and write at the same moment while the
@@ -21,17 +22,16 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 
-class Slot:
-    """One holder's place in an :class:`OldestFirst`: given back at the end of the block, or earlier."""
+class Once:
+    """Calls its action the first time it is called, and never again (a slot given back, a stream ended)."""
 
-    def __init__(self, release: Callable[[], None]) -> None:
-        self._release: Callable[[], None] | None = release
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
 
-    def give_back(self) -> None:
-        """Hand the slot to the next waiter now (the holder goes on without it); only the first call counts."""
-        release, self._release = self._release, None
-        if release is not None:
-            release()
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
 
 
 class OldestFirst:
@@ -48,15 +48,15 @@ class OldestFirst:
         return sum(not future.done() for _, _, future in self._waiting)
 
     @asynccontextmanager
-    async def slot(self, priority: float) -> AsyncIterator[Slot]:
-        """Hold one slot for the block, or until :meth:`Slot.give_back`; ``priority``: lower goes first
-        (a shard task's start time)."""
+    async def slot(self, priority: float) -> AsyncIterator[Once]:
+        """Hold one slot for the block, or until the holder calls what it was given (it hands the slot to
+        the next waiter then and goes on without it); ``priority``: lower goes first (a shard task's start time)."""
         await self._acquire(priority)
-        held = Slot(self._release)
+        give_back = Once(self._release)
         try:
-            yield held
+            yield give_back
         finally:
-            held.give_back()
+            give_back()
 
     async def _acquire(self, priority: float) -> None:
         if self._free > 0 and not self.waiting:

@@ -159,11 +159,11 @@ class SenderCore:
         if self.dimension is None:
             raise RuntimeError("a sender embeds only once the servers' probe has shown their vector size")
         pool, packer, admission = self._start()
-        async with admission.slot(priority) as slot:
+        async with admission.slot(priority) as give_back:
             self.chunks += 1
             crashpoint("sender-chunk")
             return await embed_texts(pool, packer, texts, dimension=self.dimension,
-                                     max_retries=self.plan.max_retries, all_sent=slot.give_back)
+                                     max_retries=self.plan.max_retries, all_sent=give_back)
 
     def lose(self, url: str, replacement_coming: bool) -> bool:
         """The cloud took the server at ``url`` back (see :meth:`EndpointPool.lose`); with

@@ -15,6 +15,7 @@ from itertools import islice
 import ray
 
 from teibatch.errors import CapacityUnavailable, SenderFailed
+from teibatch.pipeline.admission import Once
 from teibatch.pipeline.ramp import growing_sizes
 from teibatch.pipeline.senders.plans import CHUNK_GROWTH, SenderRef, least_loaded
 from teibatch.tei import EmbedResult
@@ -75,23 +76,11 @@ def embedded_in_order(texts: Iterable[str], senders: Sequence[SenderRef], priori
 
     ``stream``: the shard's id, told to every sender once its last chunk is out (see ``Streams`` in ``core.py``).
     """
-    all_sent = _Once(lambda: streams_done(senders, [stream] if stream is not None else []))
+    all_sent = Once(lambda: streams_done(senders, [stream] if stream is not None else []))
     try:
         yield from _send_in_chunks(texts, senders, priority, all_sent)
     finally:
         all_sent()  # a shard that failed sends nothing more either
-
-
-class _Once:
-    """Calls its action the first time it is called, and never again."""
-
-    def __init__(self, action: Callable[[], None]) -> None:
-        self._action: Callable[[], None] | None = action
-
-    def __call__(self) -> None:
-        action, self._action = self._action, None
-        if action is not None:
-            action()
 
 
 def _send_in_chunks(texts: Iterable[str], senders: Sequence[SenderRef], priority: float,
