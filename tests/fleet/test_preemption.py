@@ -40,7 +40,14 @@ FRACTIONS = (0.3, 0.7)
 
 
 class PreemptAt(SilentReporter):
-    """Takes the serving instance back each time the shards committed reach one of ``fractions`` of the run."""
+    """Takes the serving instance back each time the documents embedded reach one of ``fractions`` of the run.
+
+    It counts documents as they land, not shards as they commit: the driver writes the manifest for
+    several finished shards at once (``Run.save_commits``), and on a busy machine the commits that
+    cross 70% can come after the last shard's vectors are in, when a preemption finds nothing left
+    to send. A shard's documents land while it runs, and the next shard starts only after it ends
+    (one in flight), so each preemption comes with documents still to embed.
+    """
 
     def __init__(self, preempt: Callable[[], Any], fractions: tuple[float, ...] = FRACTIONS) -> None:
         self.preempt = preempt
@@ -50,10 +57,10 @@ class PreemptAt(SilentReporter):
         self.taken: list[Any] = []
 
     def start(self, shards: int, documents: int) -> None:
-        self.total = shards
+        self.total = documents
 
     def advance(self, shards: int, documents: int, **fields: Any) -> None:
-        self.done += shards
+        self.done += documents
         while self.due and self.done >= self.due[0] * self.total:
             self.due.pop(0)
             self.taken.append(self.preempt())
