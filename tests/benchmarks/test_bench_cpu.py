@@ -29,3 +29,13 @@ def test_a_small_run_measures_every_client(tmp_path: Path) -> None:
     # teibatch's Ray workers sit under the raylet, whose accounting is lost: their CPU comes from sampling.
     assert 0 < rows["teibatch"]["sampled_cpu_s"] < rows["teibatch"]["cpu_s"]
     assert "| teibatch | 2,000 | 384 |" in output and "| loop | 2,000 | 384 |" in output
+
+
+def test_real_gpu_servers_run_at_600000_wordpiece_tokens_a_second(tmp_path: Path) -> None:
+    report = tmp_path / "rows.json"
+    output = run_benchmark("bench_cpu.py", "--docs", "2000", "--real-gpu", "--contestants", "teibatch",
+                           "--json", str(report), timeout=600)
+    [line] = [line for line in output.splitlines() if line.startswith("2 simulated GPUs at 600,000 WordPiece")]
+    [row] = json.loads(report.read_text())
+    assert row["rows"] == 2000 and 0 < row["busy_min"] <= row["busy_mean"] <= 1
+    assert "--simulate-gpu " in line and "documents/s each" in line
