@@ -62,7 +62,7 @@ import psutil
 import pyarrow.parquet as pq
 import yaml
 from corpora import write_jsonl_corpus
-from server_stats import busy_share, idle_waits
+from server_stats import batch_fill, busy_share, idle_waits
 
 from teibatch.fleet import LocalProvider
 from teibatch.server.backends.hf_tokenizer import HFTokenizer
@@ -227,7 +227,7 @@ def busy(urls: list[str], key: str) -> tuple[float, float, list[str], float]:
     seconds so far (``process_cpu_seconds``, summed)."""
     every = server_stats(urls, key)
     shares = [busy_share(stats) for stats in every]
-    waits = [f"{url}: {idle_waits(stats)}" for url, stats in zip(urls, every, strict=True)]
+    waits = [f"{url}: {idle_waits(stats)}; {batch_fill(stats)}" for url, stats in zip(urls, every, strict=True)]
     return sum(shares) / len(shares), min(shares), waits, sum(float(s["process_cpu_seconds"]) for s in every)
 
 

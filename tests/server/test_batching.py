@@ -49,6 +49,57 @@ def test_capacity_model_paces_batches() -> None:
     assert 0.23 <= elapsed < 1.5
 
 
+def test_a_busy_event_loop_does_not_slow_the_simulated_gpu() -> None:
+    # 6 batches of 4 x 5 tokens at 400 tokens/s = 6 x 50 ms of model time, all queued at once, while
+    # another task holds the loop 15 ms at a time: on the simulated GPU's own clock each batch
+    # starts as the one before ends and takes exactly its model time; only the answers wait.
+    config = ServerConfig(max_batch_tokens=20, max_input_length=20, simulate_gpu=400.0, batch_overhead_s=0.0)
+
+    async def with_a_hog() -> tuple[Metrics, float]:
+        async def hog() -> None:
+            for _ in range(400):  # bounded: 6 s at most
+                time.sleep(0.015)
+                await asyncio.sleep(0)
+
+        hogging = asyncio.get_running_loop().create_task(hog())
+        try:
+            return await _run(config, [["a"] * 24])
+        finally:
+            hogging.cancel()
+
+    metrics, elapsed = asyncio.run(with_a_hog())
+    assert metrics.batches == 6
+    assert metrics.busy_seconds == pytest.approx(0.3, abs=1e-6)
+    assert metrics.last_batch_finished - metrics.first_batch_started == pytest.approx(0.3, abs=1e-6)
+    assert metrics.idle_gaps == []
+    assert elapsed >= 0.3
+
+
+def test_a_simulated_gpu_batch_takes_only_inputs_queued_when_it_started() -> None:
+    # One input, then 30 ms later (while the first batch of 50 ms runs) three more: the second batch
+    # starts when the first ends, on the GPU's clock, and takes the three; none ran before it was queued.
+    config = ServerConfig(max_batch_tokens=20, max_input_length=20, simulate_gpu=100.0, batch_overhead_s=0.0)
+
+    async def staggered() -> tuple[Metrics, list[object]]:
+        metrics = Metrics()
+        queue = BatchQueue(HashingEmbedder(16), config, metrics)
+        queue.start()
+        try:
+            first = queue.submit("embed", ["a"], [5])
+            await asyncio.sleep(0.03)
+            later = queue.submit("embed", ["b", "c", "d"], [5, 5, 5])
+            await asyncio.wait_for(asyncio.gather(*(j.future for j in first + later)), 10)
+        finally:
+            await queue.stop()
+        return metrics, first + later
+
+    metrics, jobs = asyncio.run(staggered())
+    assert metrics.batches == 2
+    for job in jobs:
+        assert job.enqueued <= job.started < job.finished  # type: ignore[attr-defined]
+    assert jobs[1].started == pytest.approx(jobs[0].finished, abs=1e-9)  # type: ignore[attr-defined]
+
+
 class _Broken:
     dimension, heavy = 4, False
     tokenizer = HashingEmbedder(4).tokenizer
