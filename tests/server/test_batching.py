@@ -21,8 +21,8 @@ async def _run(config: ServerConfig, requests: list[list[str]], backend: object 
     queue.start()
     started = time.perf_counter()
     try:
-        jobs = [queue.submit("embed", texts, [5] * len(texts)) for texts in requests]
-        await asyncio.wait_for(asyncio.gather(*(j.future for js in jobs for j in js)), 10)
+        submitted = [queue.submit("embed", texts, [5] * len(texts)) for texts in requests]
+        await asyncio.wait_for(asyncio.gather(*(request.future for request in submitted)), 10)
     finally:
         await queue.stop()
     return metrics, time.perf_counter() - started
@@ -88,10 +88,10 @@ def test_a_simulated_gpu_batch_takes_only_inputs_queued_when_it_started() -> Non
             first = queue.submit("embed", ["a"], [5])
             await asyncio.sleep(0.03)
             later = queue.submit("embed", ["b", "c", "d"], [5, 5, 5])
-            await asyncio.wait_for(asyncio.gather(*(j.future for j in first + later)), 10)
+            await asyncio.wait_for(asyncio.gather(first.future, later.future), 10)
         finally:
             await queue.stop()
-        return metrics, first + later
+        return metrics, first.jobs + later.jobs
 
     metrics, jobs = asyncio.run(staggered())
     assert metrics.batches == 2
@@ -106,6 +106,43 @@ class _Broken:
 
     def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
         raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+class _Recording:
+    """The hashing model, keeping every text it embedded."""
+
+    dimension, heavy = 16, False
+    tokenizer = HashingEmbedder(16).tokenizer
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def embed(self, texts: list[str], normalize: bool = True) -> np.ndarray:
+        self.texts += texts
+        return HashingEmbedder(16).embed(texts, normalize)
+
+
+def test_the_inputs_of_a_request_whose_client_went_away_are_dropped_not_embedded() -> None:
+    config = ServerConfig(max_batch_tokens=20, max_input_length=20, simulate_gpu=400.0, batch_overhead_s=0.0)
+    backend = _Recording()
+
+    async def scenario() -> Metrics:
+        metrics = Metrics()
+        queue = BatchQueue(backend, config, metrics)  # type: ignore[arg-type]
+        queue.start()
+        try:
+            first = queue.submit("embed", ["a"] * 4, [5] * 4)  # one batch of 50 ms
+            gone = queue.submit("embed", ["b"] * 3, [5] * 3)
+            after = queue.submit("embed", ["c"], [5])
+            gone.future.cancel()
+            await asyncio.wait_for(asyncio.gather(first.future, after.future), 10)
+        finally:
+            await queue.stop()
+        return metrics
+
+    metrics = asyncio.run(scenario())
+    assert backend.texts == ["a"] * 4 + ["c"]
+    assert 'te_request_failure{err="dropped"} 3' in metrics.render()
 
 
 def test_a_backend_failure_fails_every_input_of_the_batch() -> None:

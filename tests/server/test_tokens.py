@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from teibatch.server.tokens import ApproxTokenizer
 
@@ -18,6 +22,25 @@ TOK = ApproxTokenizer()
 ])
 def test_count(text: str, count: int) -> None:
     assert TOK.count(text) == count
+
+
+# Every kind of character the rule tells apart: ASCII word characters, every whitespace ``str.isspace``
+# knows (NEL, NBSP, the U+2000 spaces, ideographic space, the ASCII separators), punctuation, letters
+# beyond ASCII, U+007F, a lone surrogate, and anything else.
+_SPACES = [chr(code) for code in range(sys.maxunicode + 1) if chr(code).isspace()]
+_CHARACTERS = st.one_of(st.sampled_from([*"aZ09_", *_SPACES, *".-,'\x7f\x00", "é", "日", "\ud800", "\U0001f600"]),
+                        st.characters())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(_CHARACTERS, max_size=40), max_size=12))
+def test_counts_of_many_texts_are_each_text_s_count(texts: list[str]) -> None:
+    assert TOK.counts(texts) == [TOK.count(text) for text in texts]
+
+
+def test_counts_of_a_request_s_inputs() -> None:
+    texts = ["hello world", "", "  spaced\n\tout  ", "café au lait", "abcdefghijklm", "a\u3000b\u2003c", "x" * 9]
+    assert TOK.counts(texts) == [6, 2, 5, 6, 6, 5, 5]
 
 
 @pytest.mark.parametrize("direction, expected", [

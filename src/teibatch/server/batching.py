@@ -39,14 +39,47 @@ OPS = ("embed", "raw", "sparse", "score", "all")
 ``score``: (query, text) logit; ``all``: one unnormalized vector per token (``/embed_all``)."""
 
 
+class Request:
+    """The inputs of one request in the queue, answered together: ``future`` gets every result, in
+    order, once the last is in (or the first ApiError). One future a request, not one an input: a
+    server answers hundreds of inputs a second per core, and each future awaited alone cost more
+    than counting its tokens."""
+
+    def __init__(self, future: asyncio.Future[list[Any]], size: int) -> None:
+        self.future = future
+        self.jobs: list[Job] = []
+        self._results: list[Any] = [None] * size
+        self._left = size
+
+    @property
+    def abandoned(self) -> bool:
+        """The request already has its answer, or its client went away (the future was cancelled)."""
+        return self.future.done()
+
+    def answer(self, index: int, result: Any) -> None:
+        """Input ``index``'s result; the last one answers the request."""
+        if self.future.done():
+            return
+        self._results[index] = result
+        self._left -= 1
+        if self._left == 0:
+            self.future.set_result(self._results)
+
+    def fail(self, error: BaseException) -> None:
+        """The request fails with ``error`` (its first failure: a batch it had inputs in failed)."""
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 @dataclass
 class Job:
-    """One input waiting for the backend; ``future`` gets its result (or an ApiError)."""
+    """One input waiting for the backend, the ``index``-th of its ``request``."""
 
     op: str
     text: str
     tokens: int
-    future: asyncio.Future[Any]
+    request: Request
+    index: int = 0
     query: str = ""
     enqueued: float = field(default_factory=time.perf_counter)
     started: float = 0.0
@@ -106,22 +139,20 @@ class BatchQueue:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         while self._jobs:
-            job = self._jobs.popleft()
-            if not job.future.done():
-                job.future.cancel()
+            self._jobs.popleft().request.future.cancel()
 
     def submit(self, op: str, texts: list[str], tokens: list[int],
-               queries: list[str] | None = None) -> list[Job]:
-        """Queue inputs of one request, in order; await their futures for the results."""
-        loop = asyncio.get_running_loop()
+               queries: list[str] | None = None) -> Request:
+        """Queue inputs of one request, in order; await the request's ``future`` for their results."""
+        request = Request(asyncio.get_running_loop().create_future(), len(texts))
         arrived = time.perf_counter()  # one time for the request's inputs: they came together
-        jobs = [Job(op=op, text=text, tokens=n, future=loop.create_future(),
-                    query=queries[i] if queries else "", enqueued=arrived)
-                for i, (text, n) in enumerate(zip(texts, tokens, strict=True))]
-        self._jobs.extend(jobs)
+        request.jobs = [Job(op=op, text=text, tokens=n, request=request, index=i,
+                            query=queries[i] if queries else "", enqueued=arrived)
+                        for i, (text, n) in enumerate(zip(texts, tokens, strict=True))]
+        self._jobs.extend(request.jobs)
         self.metrics.gauges["te_queue_size"] = len(self._jobs)
         self._wakeup.set()
-        return jobs
+        return request
 
     def _next_batch(self, queued_by: float | None = None) -> list[Job]:
         """The inputs of the next batch, oldest first; with ``queued_by``, only those queued by then."""
@@ -130,9 +161,10 @@ class BatchQueue:
         max_requests = self.config.max_batch_requests
         while self._jobs:
             job = self._jobs[0]
-            if job.future.done():  # the client went away (TEI: te_request_failure{err="dropped"})
+            if job.request.abandoned:
                 self._jobs.popleft()
-                self.metrics.inc("te_request_failure", err="dropped")
+                if job.request.future.cancelled():  # the client went away (TEI: te_request_failure{err="dropped"})
+                    self.metrics.inc("te_request_failure", err="dropped")
                 continue
             if batch and (total + job.tokens > self.config.max_batch_tokens
                           or (max_requests is not None and len(batch) >= max_requests)
@@ -175,8 +207,7 @@ class BatchQueue:
         except Exception as exc:  # any backend failure fails the whole batch, as in TEI
             error = backend_error(f"Backend error: {exc}", metric="inference")
             for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(error)
+                job.request.fail(error)
             return
         if self.config.simulate_gpu:
             # Never sooner than this CPU computed the batch: a backend slower than the asked rate sets the pace.
@@ -192,5 +223,4 @@ class BatchQueue:
         self.metrics.model_busy(started, finished)
         for job, result in zip(batch, results, strict=True):
             job.finished = finished
-            if not job.future.done():
-                job.future.set_result(np.asarray(result) if job.op in ("embed", "raw") else result)
+            job.request.answer(job.index, np.asarray(result) if job.op in ("embed", "raw") else result)

@@ -8,7 +8,6 @@ tokenization, queue and inference times are averages per input. Request metrics
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,8 +49,9 @@ class RequestTimer:
                   queries: list[str] | None = None) -> Outcome:
         """Queue ``prepared`` as ``op`` jobs, await all, count success and build the headers."""
         state = self.state
-        jobs = state.queue.submit(op, [p.text for p in prepared], [p.tokens for p in prepared], queries)
-        results = await asyncio.gather(*(job.future for job in jobs))
+        request = state.queue.submit(op, [p.text for p in prepared], [p.tokens for p in prepared], queries)
+        results = await request.future
+        jobs = request.jobs
         done = time.perf_counter()
         n = len(jobs)
         tokenization = (self.tokenized - self.started) / max(n, 1)
@@ -63,8 +63,7 @@ class RequestTimer:
                                      ("queue_duration", queue), ("inference_duration", inference)):
             metrics.observe(f"te_request_{duration_name}", value)
             metrics.observe(f"te_{self.family}_{duration_name}", value)
-        for p in prepared:
-            metrics.observe("te_request_input_length", p.tokens)
+        metrics.observe_each("te_request_input_length", (p.tokens for p in prepared))
         metrics.inc("te_request_success", method=self.method)
         metrics.inc(f"te_{self.family}_success")
         tokens = sum(p.tokens for p in prepared)

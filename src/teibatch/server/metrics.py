@@ -18,11 +18,13 @@ All updates happen on the event loop thread, so plain dicts and ints are enough.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 VIOLATION_KINDS = ("batch_size", "payload", "inflight", "input_length")
@@ -57,10 +59,9 @@ class _Histogram:
     def observe(self, value: float) -> None:
         self.sum += value
         self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect.bisect_left(self.buckets, value)  # the first bucket whose bound is >= value
+        if i < len(self.counts):
+            self.counts[i] += 1
 
 
 def _fmt(value: float) -> str:
@@ -118,12 +119,21 @@ class Metrics:
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """Record one value in a histogram: ``*_length``/``*_size``/``*_tokens`` count, others are seconds."""
+        self._histogram(name, labels).observe(value)
+
+    def observe_each(self, name: str, values: Iterable[float], **labels: str) -> None:
+        """Record each of ``values`` in one histogram (a request's inputs: :meth:`observe` each)."""
+        histogram = self._histogram(name, labels)
+        for value in values:
+            histogram.observe(value)
+
+    def _histogram(self, name: str, labels: dict[str, str]) -> _Histogram:
         counting = name.endswith(("_length", "_size", "_tokens"))
         series = self.histograms.setdefault(name, {})
         key = tuple(sorted(labels.items()))
         if key not in series:
             series[key] = _Histogram(_LENGTH_BUCKETS if counting else _DURATION_BUCKETS)
-        series[key].observe(value)
+        return series[key]
 
     def violation(self, kind: str) -> None:
         """Count one request that broke a limit (see the module docstring for the kinds)."""

@@ -10,10 +10,10 @@ hard-codes what TEI hard-codes: ``truncate`` = ``--auto-truncate``, direction ri
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
+import pybase64
 from aiohttp import web
 
 from teibatch.server.backends.base import SPARSE_VOCAB_SIZE
@@ -112,7 +112,7 @@ async def openai_embed(request: web.Request) -> web.Response:
     for i, vector in enumerate(outcome.results):
         embedding: Any = vector
         if params.encoding_format == "base64":
-            embedding = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            embedding = pybase64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
         data.append({"object": "embedding", "embedding": embedding, "index": i})
     body = {"object": "list", "data": data, "model": state.config.model_name,
             "usage": {"prompt_tokens": outcome.tokens, "total_tokens": outcome.tokens}}

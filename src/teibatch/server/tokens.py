@@ -19,9 +19,12 @@ whitespace between). Decoding therefore gives back the text with whitespace runs
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
+
+import numpy as np
 
 SPECIAL_TOKENS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
 CLS_ID = 101
@@ -30,6 +33,14 @@ SEP_ID = 102
 _PIECE = re.compile(r"[A-Za-z0-9_]{1,4}|\S")
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
 _DIGIT = {ch: i + 1 for i, ch in enumerate(_ALPHABET)}
+# The same rule over many texts at once (ApproxTokenizer.counts), by code point: which are ASCII word
+# characters, and which are whitespace (every character ``str.isspace`` calls one is below U+3001).
+_IS_WORD = np.zeros(128, dtype=bool)
+_IS_WORD[[ord(ch) for ch in _ALPHABET]] = True
+_SPACE_BELOW = 0x3001
+_IS_SPACE = np.array([chr(code).isspace() for code in range(_SPACE_BELOW)] + [False])
+# Below this many texts one regex a text is cheaper than numpy's fixed costs.
+_COUNT_TOGETHER_FROM = 4
 _WORD_BASE = 1000
 _WORD_GLUE = 1 << 24
 _CHAR_BASE = 40_000_000
@@ -105,6 +116,29 @@ class ApproxTokenizer:
     def count(self, text: str) -> int:
         """Tokens of ``text`` with ``[CLS]`` and ``[SEP]``; this is what limits and ``usage`` see."""
         return len(_PIECE.findall(text)) + self.special_tokens
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """:meth:`count` of each of ``texts``, the same numbers, computed for all of them at once.
+
+        A server counts every input of a request; one regex scan a text was a tenth of a busy
+        server's CPU. Here a piece starts at every non-space character that is not an ASCII word
+        character, and at every fourth character of a run of them (0, 4, 8, ... from its start), and
+        the texts' starts are counted in one pass over all their code points (joined by newlines,
+        which are no piece and keep runs apart).
+        """
+        if len(texts) < _COUNT_TOGETHER_FROM:
+            return [self.count(text) for text in texts]
+        points = np.frombuffer(("\n".join(texts) + "\n").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        word = _IS_WORD[np.minimum(points, 127)]  # U+007F is no word character: it stands for every one above
+        other = ~(word | _IS_SPACE[np.minimum(points, _SPACE_BELOW)])
+        run_start = word.copy()
+        run_start[1:] &= ~word[:-1]
+        at = np.arange(len(points))
+        run_began = np.maximum.accumulate(np.where(run_start, at, 0))
+        starts = other | (word & ((at - run_began) % 4 == 0))
+        lengths = np.fromiter((len(text) + 1 for text in texts), dtype=np.int64, count=len(texts))
+        first = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        return (np.add.reduceat(starts.astype(np.int64), first) + self.special_tokens).tolist()
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Character spans of the pieces of ``text``, special tokens left out (what a chunker cuts by)."""
