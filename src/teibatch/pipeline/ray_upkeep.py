@@ -89,10 +89,19 @@ def _node_process_ids() -> list[int]:
 
 
 def _tree(roots: list[int]) -> list[psutil.Process]:
+    """``roots`` and every process under them, from one scan of the process table (``children`` scans
+    it once a root)."""
+    below: dict[int, list[psutil.Process]] = {}
+    for process in psutil.process_iter(["ppid"]):
+        below.setdefault(process.info["ppid"], []).append(process)
     found: list[psutil.Process] = []
     for pid in roots:
         with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            found.append(root)
-            found.extend(root.children(recursive=True))
+            found.append(psutil.Process(pid))
+            waiting, seen = [pid], {pid}
+            while waiting:
+                under = [process for process in below.get(waiting.pop(), []) if process.pid not in seen]
+                found.extend(under)
+                seen.update(process.pid for process in under)
+                waiting.extend(process.pid for process in under)
     return found
