@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,8 @@ def test_real_gpu_servers_run_at_600000_wordpiece_tokens_a_second(tmp_path: Path
     [row] = json.loads(report.read_text())
     assert row["rows"] == 2000 and 0 < row["busy_min"] <= row["busy_mean"] <= 1
     assert "--simulate-gpu " in line and "documents/s each" in line
+    for server in row["idle_waits"]:  # how full each stand-in's batches were, and how long it served
+        filled = re.search(r"; (\d+) inputs a batch, at most (\d+) in flight, ([\d.]+) s from first batch to last$",
+                           server)
+        assert filled is not None, server
+        assert 1 <= int(filled[1]) <= int(filled[2]) <= 512 and float(filled[3]) > 0
