@@ -116,6 +116,11 @@ def test_texts_are_cut_at_the_models_256_tokens(backend: NumpyBertBackend) -> No
 
 
 @needs_model
+def test_a_request_s_inputs_counted_together_count_as_each_alone(backend: NumpyBertBackend) -> None:
+    assert backend.tokenizer.counts(TEXTS) == [backend.tokenizer.count(text) for text in TEXTS]
+
+
+@needs_model
 def test_served_with_real_token_counts_and_limits() -> None:
     with running_server(backend="numpy", model_id=MODEL, max_client_batch_size=64) as url:
         info = httpx.get(f"{url}/info").json()

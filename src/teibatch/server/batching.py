@@ -154,8 +154,8 @@ class BatchQueue:
         self._wakeup.set()
         return request
 
-    def _next_batch(self, queued_by: float | None = None) -> list[Job]:
-        """The inputs of the next batch, oldest first; with ``queued_by``, only those queued by then."""
+    def _next_batch(self, queued_by: float) -> list[Job]:
+        """The inputs of the next batch, oldest first, of those queued by ``queued_by``."""
         batch: list[Job] = []
         total = 0
         max_requests = self.config.max_batch_requests
@@ -168,7 +168,7 @@ class BatchQueue:
                 continue
             if batch and (total + job.tokens > self.config.max_batch_tokens
                           or (max_requests is not None and len(batch) >= max_requests)
-                          or (queued_by is not None and job.enqueued > queued_by)):
+                          or job.enqueued > queued_by):
                 break
             batch.append(self._jobs.popleft())
             total += job.tokens
@@ -181,7 +181,7 @@ class BatchQueue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             started = self._gpu_start()
-            batch = self._next_batch(started if self.config.simulate_gpu else None)
+            batch = self._next_batch(started)
             if batch:
                 await self._run_batch(batch, started)
 

@@ -137,14 +137,10 @@ def prepare_all(items: Sequence[Item], *, tokenizer: Tokenizer, config: ServerCo
 
 
 def _count_together(items: Sequence[Item], tokenizer: Tokenizer, prompt: str) -> dict[int, int]:
-    """The tokens of ``prompt + item`` for every text input, by position, where ``tokenizer`` counts many
-    texts at once (``counts``, as :class:`~teibatch.server.tokens.ApproxTokenizer` does); else nothing.
-    Counting never fails, so each input's checks still come in order (:func:`prepare`)."""
-    counts = getattr(tokenizer, "counts", None)
-    if counts is None:
-        return {}
+    """The tokens of ``prompt + item`` for every text input, by position, counted together. Counting never
+    fails, so each input's checks still come in order (:func:`prepare`)."""
     texts = {index: prompt + item for index, item in enumerate(items) if isinstance(item, str) and item}
-    return dict(zip(texts, counts(list(texts.values())), strict=True))
+    return dict(zip(texts, tokenizer.counts(list(texts.values())), strict=True))
 
 
 def check_dimensions(dimensions: int, dimension: int) -> None:

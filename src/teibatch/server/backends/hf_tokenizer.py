@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 from teibatch.server.tokens import Token, byte_offsets
@@ -38,6 +39,10 @@ class HFTokenizer:
     def count(self, text: str) -> int:
         """Tokens of ``text`` with the model's special tokens."""
         return len(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """:meth:`count` of each of ``texts``, encoded as one batch."""
+        return [len(encoding.ids) for encoding in self._tok.encode_batch(list(texts), add_special_tokens=True)]
 
     def truncate(self, text: str, max_tokens: int, direction: str) -> str:
         """The longest prefix (``right``) or suffix (``left``) of ``text`` within ``max_tokens``."""
