@@ -19,7 +19,9 @@ from teibatch.corpus import CorpusOptions, plan_shards
 from teibatch.errors import EXIT_REFUSED
 from teibatch.job import load_job
 from teibatch.pipeline import run_job
-from teibatch.pipeline.unique_ids import build_id_index, stored_id_index
+from teibatch.pipeline.progress import SilentReporter
+from teibatch.pipeline.run import IndexReporting
+from teibatch.pipeline.unique_ids import IndexProgress, build_id_index, stored_id_index
 from teibatch.sink import OutputStore
 from tests.conftest import write_jsonl
 from tests.pipeline.test_crash_resume import crash_and_resume
@@ -76,6 +78,11 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
     by_id = {row["id"]: row["content_hash"] for row in kept}
     report = orjson.loads((out / "runs" / f"{summary.run_id}.json").read_bytes())
     assert report["documents"]["rejected"] == 65
+    # The reading is told as it starts and once built, with what the index found (all 65 are across shards).
+    told = {event["event"]: event for event in report["events"]}
+    assert told["id_index_started"]["documents"] == 230 and told["id_index_started"]["shards"] == 6
+    assert told["id_index_built"]["duplicates"] == 65
+    assert "65 record(s) repeat an id an earlier shard holds" in told["id_index_built"]["message"]
     (index,) = (out / "_ids").iterdir()
     assert sorted(p.name for p in index.iterdir()) == ["index.json", "losers"]  # the spill is gone
 
@@ -100,6 +107,7 @@ def test_ids_repeated_across_files_and_shards_are_rejected_on_every_run(
     resumed = run_job(job)
     assert resumed.shards_committed == 2
     assert (index / "index.json").stat().st_mtime_ns == built  # the same plan: its index is read, not built
+    assert not [e for e in resumed.events if e["event"].startswith("id_index")]
     ids = output_ids(out)
     assert len(ids) == len(set(ids)) == 165
     assert rejects(out) == first
@@ -194,3 +202,56 @@ def test_the_index_lists_the_documents_whose_text_another_shard_holds(
     else:
         assert ids_only is not None and not ids_only.texts and ids_only.shared == {}
         assert stored_id_index(store, {}, shards, texts=True) is None  # one index per output: the last built
+
+
+class HeardReading(IndexProgress):
+    def __init__(self) -> None:
+        self.reading_args: tuple[int, int] | None = None
+        self.read_so_far: list[int] = []
+
+    def reading(self, documents: int, shards: int) -> None:
+        self.reading_args = (documents, shards)
+
+    def read(self, documents: int) -> None:
+        self.read_so_far.append(documents)
+
+
+def test_the_reading_of_the_ids_is_told_as_each_spill_task_ends(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shards of 50, 50, 10, 50, 50 and 20 documents: a spill task each.
+    monkeypatch.setattr("teibatch.pipeline.unique_ids.SPILL_TASK_DOCS", 50)
+    issue_corpus(tmp_path / "corpus")
+    options = CorpusOptions(path=str(tmp_path / "corpus"), id_field="id", shard_docs=50)
+    heard = HeardReading()
+    index = build_id_index(OutputStore(str(tmp_path / "out")), {}, options, plan_shards(options), texts=False,
+                           progress=heard)
+    assert heard.reading_args == (230, 6)
+    assert len(heard.read_so_far) == 6 and heard.read_so_far == sorted(heard.read_so_far)
+    assert heard.read_so_far[-1] == 230
+    assert index is not None and index.losing_documents == 65
+
+
+class Told(SilentReporter):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def message(self, text: str, *, event: str = "message", **fields: object) -> None:
+        self.events.append((event, fields))
+
+
+def test_a_long_reading_says_how_far_it_got_between_its_start_and_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("teibatch.pipeline.run.INDEX_PROGRESS_S", 0.0)  # every spill task's end is due
+    told = Told()
+    reporting = IndexReporting(told)
+    reporting.reading(1000, 4)
+    for documents in (250, 500, 1000):
+        reporting.read(documents)
+    assert [event for event, _ in told.events] == ["id_index_started", "id_index_progress", "id_index_progress"]
+    assert told.events[0][1] == {"documents": 1000, "shards": 4}
+    assert told.events[2][1] == {"documents_read": 500, "documents_total": 1000}  # the end is told once built
+    monkeypatch.setattr("teibatch.pipeline.run.INDEX_PROGRESS_S", 3600.0)
+    quiet = Told()
+    reporting = IndexReporting(quiet)
+    reporting.reading(1000, 4)
+    reporting.read(500)
+    assert [event for event, _ in quiet.events] == ["id_index_started"]  # not due yet

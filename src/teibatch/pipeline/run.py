@@ -55,7 +55,7 @@ from teibatch.pipeline.senders.sending import last_streams, streams_done
 from teibatch.pipeline.shard import ShardOutcome, as_shard_work, shard_task
 from teibatch.pipeline.storage_full import end_storage_full, report_refused, with_estimate
 from teibatch.pipeline.summary import RunSummary, SummaryRecorder, new_run_id
-from teibatch.pipeline.unique_ids import IdIndex, build_id_index, needs_id_index, stored_id_index
+from teibatch.pipeline.unique_ids import IdIndex, IndexProgress, build_id_index, needs_id_index, stored_id_index
 from teibatch.sink import (
     Manifest,
     OutputLock,
@@ -80,6 +80,8 @@ FATAL_ERRORS = (TeiAuthError, WrongModelKind, CapacityUnavailable)
 NEWS_INTERVAL_S = 5.0
 LANDED_POLL_S = 1.0
 """How often the driver takes the documents landed in running shards (one small actor call)."""
+INDEX_PROGRESS_S = 10.0
+"""How often, at most, the id index's reading says how far it got (as the plain progress lines do)."""
 # Shard tasks per sender beyond those that fill its budget, when the job leaves it to teibatch (see _tasks_in_flight).
 SPARE_TASKS_PER_SENDER = 1
 # The most shards one task processes side by side (see _tasks).
@@ -150,7 +152,8 @@ def _run_locked(job: JobSpec, ray_address: str | None, reporter: Reporter, summa
             replacements.finish(store)  # what a killed run left half-replaced, first (sink/replace.py)
             _drop_missing_parts(store, manifest, live, summary, reporter)
             summary.timings["plan_s"] = time.monotonic() - started
-            ids, ray_start, early = _id_index(job, store, shards, manifest, ray_address, ray_scope, summary)
+            ids, ray_start, early = _id_index(job, store, shards, manifest, ray_address, ray_scope, summary,
+                                              reporter)
             pending = [s for s in shards if not _done(s, manifest, ids)]
             summary.shards_total, summary.shards_skipped = len(shards), len(shards) - len(pending)
             if summary.shards_skipped:
@@ -244,7 +247,8 @@ def _drop_missing_parts(store: OutputStore, manifest: Manifest, live: set[str], 
 
 
 def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], manifest: Manifest, ray_address: str | None,
-              ray_scope: ExitStack, summary: RunSummary) -> tuple[IdIndex | None, RayStart | None, EarlyActors | None]:
+              ray_scope: ExitStack, summary: RunSummary,
+              reporter: Reporter) -> tuple[IdIndex | None, RayStart | None, EarlyActors | None]:
     """Which documents lose their id to an earlier shard of the plan (``pipeline/unique_ids.py``):
     the index an earlier run built for this plan, else one built now, before any server starts
     (nobody pays for a GPU while the corpus's ids are read) with a Ray started in ``ray_scope``.
@@ -262,11 +266,47 @@ def _id_index(job: JobSpec, store: OutputStore, shards: list[Shard], manifest: M
     early = EarlyActors.start(job, index_coming=True) if pending else None
     if early is not None:
         ray_scope.callback(early.stop)
-    ids = build_id_index(store, output_options, job.corpus_options(), shards, texts)
+    reporting = IndexReporting(reporter)
+    ids = build_id_index(store, output_options, job.corpus_options(), shards, texts, reporting)
     if early is not None:
         early.index_read(job, ids, pending)
     summary.timings["id_index_s"] = time.monotonic() - clock
+    if ids is not None:
+        reporting.built(ids)
     return ids, ray_start, early
+
+
+class IndexReporting(IndexProgress):
+    """The id index's reading told to ``reporter``: what it reads as it starts, then how far it got every
+    :data:`INDEX_PROGRESS_S` seconds (a corpus of a hundred million documents takes minutes)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.documents = 0
+        self._started = self._due = 0.0
+
+    def reading(self, documents: int, shards: int) -> None:
+        self.documents = documents
+        self._started = time.monotonic()
+        self._due = self._started + INDEX_PROGRESS_S
+        self.reporter.message(f"reading the ids of {documents:,} documents in {shards} shards, to find ids that "
+                              "repeat across shards (once per corpus: resumed runs reuse the index)",
+                              event="id_index_started", documents=documents, shards=shards)
+
+    def read(self, documents: int) -> None:
+        if documents < self.documents and time.monotonic() >= self._due:
+            self._due = time.monotonic() + INDEX_PROGRESS_S
+            self.reporter.message(f"ids read: {documents:,}/{self.documents:,} documents", event="id_index_progress",
+                                  documents_read=documents, documents_total=self.documents)
+
+    def built(self, ids: IdIndex) -> None:
+        """The index is whole: how long it took since :meth:`reading`, and what it found."""
+        seconds = time.monotonic() - self._started
+        losing = ids.losing_documents
+        found = (f"{losing:,} record(s) repeat an id an earlier shard holds: they are rejected as duplicate_id"
+                 if losing else "no id repeats across shards")
+        self.reporter.message(f"id index built in {seconds:.1f}s: {found}", event="id_index_built",
+                              seconds=round(seconds, 3), duplicates=losing)
 
 
 def _done(shard: Shard, manifest: Manifest, ids: IdIndex | None) -> bool:

@@ -96,6 +96,11 @@ class IdIndex:
     """Whether the texts of every readable shard were indexed (``shared``): a run with dedup and
     no chunking asks for them."""
 
+    @property
+    def losing_documents(self) -> int:
+        """Documents of the plan whose id an earlier shard holds (each shard's decision starts with its count)."""
+        return sum(int(decision.split(":", 1)[0]) for _, _, decision in self.losers.values())
+
     def decision(self, shard_id: str) -> str:
         """Which of the shard's documents lose their id, as a short digest (``""``: none). The manifest
         records it with the committed shard: a shard committed under another decision (the corpus
@@ -164,10 +169,11 @@ def stored_id_index(store: OutputStore, output_options: dict[str, Any], shards: 
 
 
 def build_id_index(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions,
-                   shards: Sequence[Shard], texts: bool) -> IdIndex | None:
+                   shards: Sequence[Shard], texts: bool, progress: IndexProgress | None = None) -> IdIndex | None:
     """The id index of the plan ``shards`` (module doc), built with Ray tasks unless the output holds it;
     ``None`` when no two shards can share an id (nor, with ``texts``, a text). ``output_options``:
-    the output's storage options (the tasks open it too). Ray must be up."""
+    the output's storage options (the tasks open it too); ``progress`` hears of the reading as it goes.
+    Ray must be up."""
     if not needs_id_index(options, shards, texts):
         return None
     if (stored := stored_id_index(store, output_options, shards, texts)) is not None:
@@ -176,12 +182,24 @@ def build_id_index(store: OutputStore, output_options: dict[str, Any], options: 
         store.fs.rm(store.path(f"{IDS_DIR}/{name}"), recursive=True)
     read = [(i, ids_can_repeat(options, shard)) for i, shard in enumerate(shards)
             if shard.bad_file is None and (texts or ids_can_repeat(options, shard))]
-    _build(store, output_options, options, shards, read, texts, f"{IDS_DIR}/{index_key(shards, texts)}")
+    _build(store, output_options, options, shards, read, texts, f"{IDS_DIR}/{index_key(shards, texts)}",
+           progress or IndexProgress())
     return stored_id_index(store, output_options, shards, texts)
 
 
+class IndexProgress:
+    """Hears how the reading of an id index goes (this one hears nothing): :meth:`reading` once, with
+    what is to read, then :meth:`read` as spill tasks finish."""
+
+    def reading(self, documents: int, shards: int) -> None:
+        """The ids (and texts) of ``documents`` documents in ``shards`` shards are about to be read."""
+
+    def read(self, documents: int) -> None:
+        """``documents`` of them are read so far."""
+
+
 def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOptions, shards: Sequence[Shard],
-           read: list[tuple[int, bool]], texts: bool, folder: str) -> None:
+           read: list[tuple[int, bool]], texts: bool, folder: str, progress: IndexProgress) -> None:
     """Index ``read``: the shards to read, each as (its place in the plan, whether its ids are
     indexed), and (``texts``) their texts."""
     count = partition_count(sum(shards[i].size for i, _ in read))
@@ -194,10 +212,17 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
             documents = 0
         groups[-1].append(entry)
         documents += size
+    progress.reading(sum(shards[i].size for i, _ in read), len(read))
     spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
-    ray.get([spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
-                               [(i, shards[i], ids) for i, ids in group], texts, count, SPILL_BATCH_DOCS)
-            for number, group in enumerate(groups)])
+    spilling = {spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
+                                  [(i, shards[i], ids) for i, ids in group], texts, count, SPILL_BATCH_DOCS):
+                sum(shards[i].size for i, _ in group) for number, group in enumerate(groups)}
+    so_far = 0
+    while spilling:
+        done, _ = ray.wait(list(spilling), num_returns=1)
+        ray.get(done)  # a task that failed (after Ray's retries) fails the index
+        so_far += spilling.pop(done[0])
+        progress.read(so_far)
     group_task = ray.remote(num_cpus=1, max_retries=3)(_find_losers)
     shared_task = ray.remote(num_cpus=1, max_retries=3)(_find_shared)
     paths = [shard.sources[0] if shard.sources else "" for shard in shards]
