@@ -21,7 +21,7 @@ from teibatch.job import load_job
 from teibatch.pipeline import run_job
 from teibatch.pipeline.progress import SilentReporter
 from teibatch.pipeline.run import IndexReporting
-from teibatch.pipeline.unique_ids import IndexProgress, build_id_index, stored_id_index
+from teibatch.pipeline.unique_ids import IdIndex, IndexProgress, build_id_index, stored_id_index
 from teibatch.sink import OutputStore
 from tests.conftest import write_jsonl
 from tests.pipeline.test_crash_resume import crash_and_resume
@@ -255,3 +255,6 @@ def test_a_long_reading_says_how_far_it_got_between_its_start_and_its_end(monkey
     reporting.reading(1000, 4)
     reporting.read(500)
     assert [event for event, _ in quiet.events] == ["id_index_started"]  # not due yet
+    unread = Told()
+    IndexReporting(unread).built(IdIndex("out", "_ids/x", {}))  # an index the output held: nothing was read
+    assert unread.events == []

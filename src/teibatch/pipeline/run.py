@@ -283,12 +283,13 @@ class IndexReporting(IndexProgress):
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
         self.documents = 0
-        self._started = self._due = 0.0
+        self._started: float | None = None
+        self._due = 0.0
 
     def reading(self, documents: int, shards: int) -> None:
         self.documents = documents
-        self._started = time.monotonic()
-        self._due = self._started + INDEX_PROGRESS_S
+        self._started = started = time.monotonic()
+        self._due = started + INDEX_PROGRESS_S
         self.reporter.message(f"reading the ids of {documents:,} documents in {shards} shards, to find ids that "
                               "repeat across shards (once per corpus: resumed runs reuse the index)",
                               event="id_index_started", documents=documents, shards=shards)
@@ -300,7 +301,10 @@ class IndexReporting(IndexProgress):
                                   documents_read=documents, documents_total=self.documents)
 
     def built(self, ids: IdIndex) -> None:
-        """The index is whole: how long it took since :meth:`reading`, and what it found."""
+        """The index is whole: how long it took since :meth:`reading`, and what it found (nothing when
+        nothing was read: the output held it)."""
+        if self._started is None:
+            return
         seconds = time.monotonic() - self._started
         losing = ids.losing_documents
         found = (f"{losing:,} record(s) repeat an id an earlier shard holds: they are rejected as duplicate_id"
