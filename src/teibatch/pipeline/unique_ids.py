@@ -202,7 +202,8 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
            read: list[tuple[int, bool]], texts: bool, folder: str, progress: IndexProgress) -> None:
     """Index ``read``: the shards to read, each as (its place in the plan, whether its ids are
     indexed), and (``texts``) their texts."""
-    count = partition_count(sum(shards[i].size for i, _ in read))
+    total = sum(shards[i].size for i, _ in read)
+    count = partition_count(total)
     groups: list[list[tuple[int, bool]]] = [[]]
     documents = 0
     for entry in read:
@@ -212,7 +213,7 @@ def _build(store: OutputStore, output_options: dict[str, Any], options: CorpusOp
             documents = 0
         groups[-1].append(entry)
         documents += size
-    progress.reading(sum(shards[i].size for i, _ in read), len(read))
+    progress.reading(total, len(read))
     spill_task = ray.remote(num_cpus=1, max_retries=3)(_spill_ids)
     spilling = {spill_task.remote(store.url, output_options, options, f"{folder}/spill", f"{number:06d}",
                                   [(i, shards[i], ids) for i, ids in group], texts, count, SPILL_BATCH_DOCS):
